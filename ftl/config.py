@@ -1,0 +1,73 @@
+"""Every default ftl uses, named in one place, overridable by ``ftl.toml`` (or ``--config FILE``).
+
+Defaults come from FTL's SKILL constants (MAX_ITERATIONS 20, STUCK_THRESHOLD 3,
+MAX_CLARIFICATIONS 5, EXPLORER_TIMEOUT 300 s, quorum 3 of 4, re-plan at >= 2 unreachable tasks)
+and from design.md §4.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ftl.errors import FtlError
+
+
+class Config(BaseModel):
+    """Runner configuration. Units are in the names (``_s`` seconds, ``_ms`` milliseconds)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_iterations: int = Field(20, ge=1, description="EXECUTE entries before iteration_exhausted.")
+    stuck_threshold: int = Field(3, ge=1, description="Unchanged ready sets before stuck_detected.")
+    max_clarifications: int = Field(5, ge=0, description="Planner clarification rounds.")
+    max_replans: int = Field(2, ge=0, description="Adaptive re-plans per campaign.")
+    replan_threshold: int = Field(2, ge=1, description="Unreachable tasks that trigger a re-plan.")
+    max_replan_new_tasks: int = Field(20, ge=0, description="New tasks one re-plan may add.")
+    explorer_timeout_s: float = Field(300.0, gt=0)
+    explorer_quorum: int = Field(3, ge=1, le=4)
+    jobs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
+    seconds_per_budget: float = Field(60.0, gt=0, description="Task timeout = budget x this, s.")
+    verify_timeout_s: float = Field(300.0, gt=0)
+    transient_retries: int = Field(1, ge=0, le=1, description="Retries of a transient failure.")
+    flaky_verify_retries: int = Field(2, ge=0, le=2, description="Retries of a failing verify.")
+    retry_backoff_min_s: float = Field(0.5, ge=0)
+    retry_backoff_max_s: float = Field(30.0, ge=0)
+    agent_command: list[str] | None = Field(
+        None, description="Agent builder command; gets the workspace JSON on stdin.")
+    planner_command: list[str] | None = Field(
+        None, description="Planner agent command; gets the planning input JSON on stdin.")
+    server: str | None = Field(None, description="MangleCP server: None (embedded), 'stdio:CMD' or URL.")
+    output_limit_bytes: int = Field(64 * 1024, ge=1024, description="Command output kept per step.")
+
+    def task_timeout_s(self, budget: int, timeout_s: float | None) -> float:
+        """A task's wall-clock limit in s: its own ``timeout_s``, else ``budget * seconds_per_budget``."""
+        return timeout_s if timeout_s is not None else budget * self.seconds_per_budget
+
+
+def load_config(path: Path | None, repo: Path, **overrides: Any) -> Config:
+    """Read ``path`` (or ``<repo>/ftl.toml`` when present) and apply CLI ``overrides``.
+
+    Raises:
+        FtlError(configuration_error): unreadable TOML or a field outside its range; the
+            details name every offending field.
+    """
+    data: dict[str, Any] = {}
+    source = path or (repo / "ftl.toml")
+    if path is not None or source.exists():
+        try:
+            data = tomllib.loads(source.read_text(encoding="utf-8"))
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise FtlError("configuration_error", {"problem": f"{source.name}: {exc}"}) from None
+        data = data.get("ftl", data)
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        violations = [{"path": ".".join(map(str, e["loc"])), "message": e["msg"]} for e in exc.errors()]
+        raise FtlError("configuration_error",
+                       {"problem": f"{len(violations)} invalid field(s)", "violations": violations}) from None

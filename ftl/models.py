@@ -1,0 +1,223 @@
+"""Pydantic models for the data ftl exchanges: plans, tasks, workspaces, tool results.
+
+Shapes follow FTL's plan.json (FTL planner contract, `shared/reference/ftl-behaviour.md` §5.1),
+tightened where FTL only asked: seqs are numbers (``"1"``, ``"001"`` and ``1`` are one task),
+``depends`` is always a list after parsing, slugs are kebab-case, delta paths carry no globs.
+This module imports nothing of ftl's.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+GLOB_CHARS = frozenset("*?[")
+
+
+def normalize_seq(value: Any) -> str:
+    """Return the canonical three-digit form of a task seq (``7``, ``"7"``, ``"007"`` -> ``"007"``).
+
+    Raises:
+        ValueError: the value is not a non-negative integer or a string of digits.
+    """
+    if isinstance(value, bool):
+        raise ValueError("seq must be a number like \"001\", not a boolean")
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value.strip())
+    else:
+        raise ValueError(f"seq must be digits like \"001\", got {value!r}")
+    if number < 0 or number > 999_999:
+        raise ValueError(f"seq must be between 0 and 999999, got {number}")
+    return f"{number:03d}"
+
+
+def normalize_depends(value: Any) -> list[str]:
+    """FTL depends ("none" | seq | [seq, ...]) as a sorted list of canonical seqs.
+
+    Raises:
+        ValueError: an element is not a seq (a comma-joined string like "001,002" is one
+            invalid seq, as in FTL, so it is reported rather than guessed).
+    """
+    if value is None or value == "none" or value == "":
+        return []
+    items = value if isinstance(value, list) else [value]
+    seqs = {normalize_seq(item) for item in items if item not in ("none", "", None)}
+    return sorted(seqs, key=int)
+
+
+class TaskType(str, enum.Enum):
+    SPEC = "SPEC"
+    BUILD = "BUILD"
+    VERIFY = "VERIFY"
+
+
+class TaskStatus(str, enum.Enum):
+    """A task's lifecycle in the store: pending -> running -> complete | blocked.
+
+    blocked -> pending happens only through a re-plan merge; running -> pending only on resume
+    after a crash (the in-flight attempt is discarded and re-run from a fresh workspace).
+    """
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETE = "complete"
+    BLOCKED = "blocked"
+
+
+class Idioms(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    required: list[str] = Field(default_factory=list)
+    forbidden: list[str] = Field(default_factory=list)
+
+
+class Task(BaseModel):
+    """One node of the plan DAG (FTL plan.json task, plus ftl's ``run`` and ``timeout_s``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: str = Field(description="Task number; '1', '001' and 1 are the same task.")
+    slug: str = Field(description="kebab-case name; workspace id is '{seq}-{slug}'.")
+    type: TaskType = TaskType.BUILD
+    delta: list[str] = Field(default_factory=list, description="Files the task may touch (no globs).")
+    creates: list[str] = Field(default_factory=list, description="Files the task will create.")
+    verify: str = Field(description="Shell command that exits 0 when the task is done.")
+    budget: int = Field(default=5, ge=1, le=100, description="Tool-call budget; also scales the timeout.")
+    depends: list[str] = Field(default_factory=list, description='"none", a seq, or a list of seqs.')
+    run: str | None = Field(default=None, description="Shell command for the shell builder.")
+    timeout_s: float | None = Field(default=None, gt=0, description="Wall-clock limit for build+verify, s.")
+    preflight: list[str] = Field(default_factory=list)
+    verify_source: str | None = None
+    target_lines: dict[str, str] = Field(default_factory=dict)
+    builder: Literal["shell", "agent"] | None = Field(
+        default=None, description="Builder to use; default: shell when `run` is set, else agent.")
+
+    @field_validator("seq", mode="before")
+    @classmethod
+    def _seq(cls, value: Any) -> str:
+        return normalize_seq(value)
+
+    @field_validator("depends", mode="before")
+    @classmethod
+    def _depends(cls, value: Any) -> list[str]:
+        return normalize_depends(value)
+
+    @field_validator("slug")
+    @classmethod
+    def _slug(cls, value: str) -> str:
+        if not SLUG_RE.match(value):
+            raise ValueError(f"slug must be kebab-case (a-z, 0-9, '-'), got {value!r}")
+        return value
+
+    @field_validator("delta", "creates")
+    @classmethod
+    def _paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path or GLOB_CHARS & set(path):
+                raise ValueError(f"paths must be concrete files without globs, got {path!r}")
+            if path.startswith("/") or ".." in path.split("/"):
+                raise ValueError(f"paths must stay inside the repository, got {path!r}")
+        return value
+
+    @field_validator("verify")
+    @classmethod
+    def _verify(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("verify must be a non-empty shell command")
+        return value
+
+    @model_validator(mode="after")
+    def _self_dependency(self) -> "Task":
+        if self.seq in self.depends:
+            raise ValueError(f"task {self.seq} depends on itself")
+        return self
+
+    @property
+    def workspace_id(self) -> str:
+        return f"{self.seq}-{self.slug}"
+
+    @property
+    def builder_kind(self) -> str:
+        return self.builder or ("shell" if self.run else "agent")
+
+
+class Plan(BaseModel):
+    """A campaign plan: FTL plan.json (`objective`, `campaign`, `framework`, `idioms`, `tasks`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    schema_version: str = Field(default="1.0", alias="_schema_version")
+    objective: str = Field(min_length=1)
+    campaign: str | None = Field(default=None, description="kebab-case campaign slug.")
+    framework: str | None = None
+    framework_confidence: float | None = Field(default=None, ge=0, le=1)
+    idioms: Idioms = Field(default_factory=Idioms)
+    tasks: list[Task] = Field(min_length=1)
+
+    @field_validator("campaign")
+    @classmethod
+    def _campaign(cls, value: str | None) -> str | None:
+        if value is not None and not SLUG_RE.match(value):
+            raise ValueError(f"campaign must be a kebab-case slug, got {value!r}")
+        return value
+
+    def task(self, seq: Any) -> Task:
+        wanted = normalize_seq(seq)
+        for task in self.tasks:
+            if task.seq == wanted:
+                return task
+        raise KeyError(wanted)
+
+
+class ExplorerMode(str, enum.Enum):
+    STRUCTURE = "structure"
+    PATTERN = "pattern"
+    MEMORY = "memory"
+    DELTA = "delta"
+
+
+class ExplorerResult(BaseModel):
+    """One explorer's output (FTL explorer contract §5.5): `mode`, `status`, and its findings."""
+
+    model_config = ConfigDict(extra="allow")
+    mode: ExplorerMode
+    status: Literal["ok", "partial", "error"]
+    error: str | None = None
+
+
+class Workspace(BaseModel):
+    """What a builder receives for one task: the spec, lineage and injected failures (FTL §5.3)."""
+
+    model_config = ConfigDict(extra="forbid")
+    workspace_id: str
+    campaign_id: str
+    seq: str
+    slug: str
+    type: TaskType
+    attempt: int = 1
+    objective: str
+    delta: list[str]
+    creates: list[str] = Field(default_factory=list)
+    verify: str
+    run: str | None = None
+    budget: int
+    timeout_s: float
+    framework: str | None = None
+    idioms: Idioms = Field(default_factory=Idioms)
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    prior_knowledge: dict[str, Any] = Field(default_factory=dict)
+
+
+class BuildResult(BaseModel):
+    """What an agent builder prints on stdout as JSON (ftl's builder contract)."""
+
+    model_config = ConfigDict(extra="allow")
+    status: Literal["complete", "blocked"]
+    delivered: str = ""
+    reason: str | None = None
+    utilized: list[dict[str, Any]] = Field(default_factory=list)
