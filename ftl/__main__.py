@@ -1,0 +1,3 @@
+from ftl.cli import main
+
+main()

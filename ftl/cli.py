@@ -1,0 +1,339 @@
+"""The ``ftl`` command line (click).
+
+Every command prints a response-v2 envelope with ``--json`` (``success``, ``data``, ``error``,
+``meta.version == "response-v2"``) and human text otherwise. Exit codes: 0 success (every task
+complete), 2 bad input (invalid plan, unknown campaign, bad configuration), 3 finished with
+blocked tasks, 4 returned from ERROR, 1 internal error, 130 cancelled (resumable).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import signal
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from ftl import envelope
+from ftl.errors import FtlError
+
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+_BAD_INPUT_TYPES = {"validation", "not_found", "conflict", "authentication", "authorization"}
+
+
+def _emit(payload: dict[str, Any], as_json: bool, human: str | None = None) -> None:
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    elif human:
+        click.echo(human)
+
+
+def handled(func: Callable[..., int | None]) -> Callable[..., None]:
+    """Run a command; turn FtlError and unexpected exceptions into an envelope and exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            code = func(*args, **kwargs) or 0
+        except FtlError as error:
+            payload = envelope.failure(error)
+            if as_json:
+                _emit(payload, True)
+            else:
+                click.echo(f"error: {payload['error']}", err=True)
+                click.echo(f"fix: {payload['data']['remediation']}", err=True)
+                for violation in payload["data"]["details"].get("violations", [])[:50]:
+                    if isinstance(violation, dict):
+                        click.echo(f"  {violation.get('path', '')}: {violation.get('message', '')}", err=True)
+            code = EXIT_BAD_INPUT if error.kind.v2_error_type in _BAD_INPUT_TYPES else EXIT_INTERNAL
+        except click.exceptions.Exit:
+            raise
+        except KeyboardInterrupt:
+            code = 130
+        except Exception as exc:  # noqa: BLE001 - fail closed, never a traceback
+            correlation_id = uuid.uuid4().hex[:12]
+            click.echo(f"internal error ({type(exc).__name__}); correlation id {correlation_id}",
+                       err=True) if not as_json else None
+            if as_json:
+                _emit(envelope.internal_failure(correlation_id), True)
+            code = EXIT_INTERNAL
+        sys.exit(code)
+
+    return wrapper
+
+
+def repo_option(func: Callable) -> Callable:
+    return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+                        show_default=True, help="Target repository (its .ftl/ holds state and logs).")(func)
+
+
+def json_option(func: Callable) -> Callable:
+    return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
+
+
+@click.group()
+@click.version_option(package_name="ftl-runner")
+def main() -> None:
+    """ftl: a deterministic campaign runner for coding agents."""
+
+
+@main.group()
+def campaign() -> None:
+    """Run, resume and inspect campaigns (a DAG of tasks driven through the state machine)."""
+
+
+def _load_json_file(path: Path, what: str) -> dict[str, Any]:
+    from ftl.validation import load_plan_file
+
+    plan = load_plan_file(path)  # validates: every violation with its JSON path, exit 2
+    return plan.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _runner(repo: Path, config_path: Path | None, as_json: bool, **overrides: Any):
+    from ftl.config import load_config
+    from ftl.progress import PlainProgress, RichProgress
+    from ftl.runner import Runner
+
+    repo = repo.resolve()
+    if not repo.is_dir():
+        raise FtlError("not_found", {"what": "the repository directory given by --repo"})
+    config = load_config(config_path, repo, **overrides)
+    view = None
+    if not as_json and sys.stderr.isatty():
+        view = RichProgress()
+    listener = view if view is not None else (None if as_json else PlainProgress())
+    return Runner(repo, config, on_event=listener), view
+
+
+def _finish(result: Any, as_json: bool) -> int:
+    data = {"campaign_id": result.campaign_id, "outcome": result.outcome,
+            "exit_code": result.exit_code, "event_log": str(result.log_path.name),
+            "summary": result.summary}
+    warnings = []
+    blocked = result.summary.get("blocked", 0) if isinstance(result.summary, dict) else 0
+    if blocked:
+        warnings.append(envelope.Warning("PARTIAL_FAILURE",
+                                         f"{blocked} of {result.summary.get('total')} tasks blocked"))
+    if result.outcome == "returned":
+        error = result.summary.get("error", {})
+        payload = envelope.failure(FtlError(error.get("error_type", "internal_error"),
+                                            error.get("details"), message=error.get("message")))
+        payload["data"]["summary"] = result.summary
+        payload["data"]["campaign_id"] = result.campaign_id
+    else:
+        payload = envelope.success(data, warnings=warnings)
+    human = result.summary.get("message") if isinstance(result.summary, dict) else None
+    human = f"{human}\ncampaign {result.campaign_id}; event log .ftl/events/{result.log_path.name}"
+    _emit(payload, as_json, human)
+    return result.exit_code
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, handler)
+
+
+@campaign.command("run")
+@click.argument("objective", required=False)
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="plan.json to run (validated first; every violation is reported).")
+@click.option("--revised-plan", type=click.Path(dir_okay=False, path_type=Path),
+              help="Revised plan merged when CASCADE re-plans (>= 2 unreachable tasks).")
+@repo_option
+@click.option("--jobs", type=click.IntRange(1, 256), help="Tasks run at once (default: CPU count).")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="ftl.toml to use (default: <repo>/ftl.toml when present).")
+@click.option("--server", help="MangleCP server: 'stdio:COMMAND' or an http(s) URL (default: embedded).")
+@json_option
+@handled
+def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Path | None, repo: Path,
+                 jobs: int | None, config_path: Path | None, server: str | None, as_json: bool) -> int:
+    """Run a campaign to its end.
+
+    Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
+    complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 130 cancelled.
+    """
+    plan_input = _load_json_file(plan_file, "plan") if plan_file else None
+    revised_input = _load_json_file(revised_plan, "revised plan") if revised_plan else None
+    objective = objective or (plan_input or {}).get("objective")
+    if not objective:
+        raise FtlError("invalid_params", {"schema_errors": [
+            {"path": "OBJECTIVE", "message": "give an objective or a plan with one", "keyword": "required"}]})
+    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    _sigterm_as_interrupt()
+    if view is not None:
+        with view:
+            result = runner.start(objective, plan_input=plan_input, revised_plan_input=revised_input)
+    else:
+        result = runner.start(objective, plan_input=plan_input, revised_plan_input=revised_input)
+    return _finish(result, as_json)
+
+
+@campaign.command("resume")
+@click.option("--campaign", "campaign_id", help="Campaign id (default: the active campaign).")
+@repo_option
+@click.option("--jobs", type=click.IntRange(1, 256))
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--server")
+@json_option
+@handled
+def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, config_path: Path | None,
+                    server: str | None, as_json: bool) -> int:
+    """Resume an interrupted campaign: completed tasks are kept, in-flight ones re-run fresh.
+
+    Same output and exit codes as `ftl campaign run`.
+    """
+    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    _sigterm_as_interrupt()
+    if view is not None:
+        with view:
+            result = runner.resume(campaign_id)
+    else:
+        result = runner.resume(campaign_id)
+    return _finish(result, as_json)
+
+
+@campaign.command("status")
+@click.option("--campaign", "campaign_id", help="Campaign id (default: active, else latest).")
+@repo_option
+@json_option
+@handled
+def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
+    """Show a campaign's state and task counts (envelope data: campaign, tasks, cascade)."""
+    from ftl import dag
+    from ftl.store import Store
+
+    store = Store.for_repo(repo.resolve())
+    record = (store.get_campaign(campaign_id) if campaign_id
+              else store.active_campaign() or store.latest_campaign())
+    if record is None:
+        _emit(envelope.success({"status": "none"}), as_json, "no campaign in this repository")
+        return 0
+    tasks = store.tasks(record["id"])
+    cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks}, {t["seq"]: t["status"] for t in tasks})
+    data = {"campaign": {k: record.get(k) for k in ("id", "objective", "status", "flow", "machine_state",
+                                                      "created_at", "completed_at")},
+            "tasks": [{k: t.get(k) for k in ("seq", "slug", "status", "attempts", "blocked_by")} for t in tasks],
+            "cascade": cascade}
+    lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
+    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}" for t in tasks]
+    _emit(envelope.success(data), as_json, "\n".join(lines))
+    return 0
+
+
+@main.command("task")
+@click.argument("objective")
+@click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A plan whose tasks are built in dependency order.")
+@click.option("--run", "run_command", help="Shell command that does the work (shell builder).")
+@click.option("--verify", "verify_command", help="Shell command that checks it (required without --plan).")
+@click.option("--delta", multiple=True, help="A file the task may change (repeatable).")
+@repo_option
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--server")
+@json_option
+@handled
+def task_command(objective: str, plan_file: Path | None, run_command: str | None, verify_command: str | None,
+                 delta: tuple[str, ...], repo: Path, config_path: Path | None, server: str | None,
+                 as_json: bool) -> int:
+    """Run the single-task TASK flow (INIT, EXPLORE, PLAN, BUILD, OBSERVE, COMPLETE).
+
+    Same output and exit codes as `ftl campaign run`.
+    """
+    from ftl.machine import Flow
+    from ftl.validation import parse_plan
+
+    if plan_file:
+        plan_input = _load_json_file(plan_file, "plan")
+    else:
+        if not verify_command:
+            raise FtlError("invalid_params", {"schema_errors": [
+                {"path": "--verify", "message": "a verify command is required without --plan",
+                 "keyword": "required"}]})
+        raw = {"objective": objective, "tasks": [{"seq": "001", "slug": "task", "verify": verify_command,
+                                                   "run": run_command, "delta": list(delta),
+                                                   "builder": "shell" if run_command else None}]}
+        plan_input = parse_plan(raw, source="ftl task").model_dump(mode="json", by_alias=True, exclude_none=True)
+    runner, view = _runner(repo, config_path, as_json, server=server)
+    _sigterm_as_interrupt()
+    result = runner.start(objective, plan_input=plan_input, flow=Flow.TASK)
+    return _finish(result, as_json)
+
+
+@main.command("replay")
+@click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--check", is_flag=True, help="Exit 1 when an invariant is violated.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@json_option
+@handled
+def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, as_json: bool) -> int:
+    """Rebuild a campaign's run from its event log(s) and check the protocol's invariants.
+
+    Several logs of one campaign (a crashed run, then its resume) are read as one story.
+    Exit 1 with --check when a violation is found (each names its seq).
+    """
+    from ftl.replay import render_text, replay
+
+    missing = [p.name for p in logs if not p.is_file()]
+    if missing:
+        raise FtlError("not_found", {"what": f"event log {missing[0]}"})
+    result = replay(logs)
+    if as_json or fmt == "json":
+        warnings = [envelope.Warning("LOG_TAIL_REPAIRED", "the last line was torn and skipped")] \
+            if result.torn_tail else []
+        _emit(envelope.success(result.to_json(), warnings=warnings), True)
+    else:
+        click.echo(render_text(result), nl=False)
+    return 1 if (check and result.violations) else 0
+
+
+@main.group()
+def diagram() -> None:
+    """Mermaid diagrams of the state machine and of a plan's DAG."""
+
+
+@diagram.command("machine")
+@click.option("--flow", type=click.Choice(["campaign", "task"]), default="campaign", show_default=True)
+def diagram_machine(flow: str) -> None:
+    """Print the state machine as Mermaid stateDiagram-v2 (from the transitions table)."""
+    from ftl.machine import Flow, mermaid
+
+    click.echo(mermaid(Flow(flow)), nl=False)
+
+
+@diagram.command("plan")
+@click.argument("plan_file", type=click.Path(dir_okay=False, path_type=Path))
+@handled
+def diagram_plan(plan_file: Path) -> int:
+    """Print a plan's task DAG as a Mermaid flowchart."""
+    from ftl.validation import load_plan_file
+
+    plan = load_plan_file(plan_file)
+    lines = ["flowchart LR"]
+    for task in plan.tasks:
+        lines.append(f'    t{task.seq}["{task.seq} {task.slug}"]')
+        for dep in task.depends:
+            lines.append(f"    t{dep} --> t{task.seq}")
+    click.echo("\n".join(lines))
+    return 0
+
+
+def _register_optional_commands() -> None:
+    try:
+        from ftl.server.serve import serve
+    except ImportError:
+        return
+    main.add_command(serve)
+
+
+_register_optional_commands()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,87 @@
+"""The response-v2 envelope printed by every CLI command and lib/ script.
+
+Shape (foundry-mcp response-v2, errors-and-gates reference §2.1-2.4)::
+
+    {"success": bool, "data": {...}, "error": str | None,
+     "meta": {"version": "response-v2", "request_id": "req_...", "warnings": [str],
+              "warning_details": [{"code", "severity", "message", "context"}]}}
+
+``success: true`` always has ``error: null``; ``success: false`` always has a non-empty error
+string and ``data`` carrying ``error_code``, ``error_type``, ``details`` and ``remediation``.
+Partial success (some tasks blocked, some explorers missing) is ``success: true`` plus a
+``PARTIAL_FAILURE`` warning. Errors render from the registry row only.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from ftl.errors import FtlError
+from ftl.sanitize import scrub_value, truncate_utf8
+
+VERSION = "response-v2"
+
+# Warning codes and their severities (response-v2 warning registry, reference §2.3).
+WARNINGS: dict[str, str] = {
+    "CONTENT_TRUNCATED": "info",
+    "LIMITS_DEFAULTED": "info",
+    "STATE_MIGRATION_RECOVERED": "info",
+    "FALLBACK_USED": "info",
+    "PARTIAL_FAILURE": "warning",
+    "LOG_TAIL_REPAIRED": "warning",
+    "STALE_CACHE": "warning",
+}
+
+
+@dataclass(frozen=True)
+class Warning:
+    code: str
+    message: str
+    context: dict[str, Any] | None = None
+
+    def render(self) -> dict[str, Any]:
+        return {"code": self.code, "severity": WARNINGS.get(self.code, "warning"),
+                "message": self.message, "context": self.context or {}}
+
+
+def new_request_id() -> str:
+    return f"req_{uuid.uuid4().hex[:16]}"
+
+
+def _meta(request_id: str | None, warnings: list[Warning]) -> dict[str, Any]:
+    return {"version": VERSION, "request_id": request_id or new_request_id(),
+            "warnings": [w.message for w in warnings],
+            "warning_details": [w.render() for w in warnings]}
+
+
+def success(data: Any = None, *, warnings: list[Warning] | None = None,
+            request_id: str | None = None) -> dict[str, Any]:
+    """A successful envelope; ``data`` defaults to ``{}`` (never at the root)."""
+    return {"success": True, "data": {} if data is None else data, "error": None,
+            "meta": _meta(request_id, warnings or [])}
+
+
+def failure(error: FtlError, *, request_id: str | None = None,
+            warnings: list[Warning] | None = None) -> dict[str, Any]:
+    """A failure envelope rendered from ``error``'s registry row (safe details only)."""
+    row = error.kind
+    data = {
+        "error_code": row.v2_error_code,
+        "error_type": row.v2_error_type,
+        "ftl_error_type": row.error_type,
+        "details": scrub_value(error.safe_details()),
+        "remediation": row.remediation,
+    }
+    if error.retry_after_ms is not None:
+        data["retry_after_ms"] = error.retry_after_ms
+    message = truncate_utf8(scrub_value(error.message) or row.error_type)
+    return {"success": False, "data": data, "error": message,
+            "meta": _meta(request_id, warnings or [])}
+
+
+def internal_failure(correlation_id: str | None = None) -> dict[str, Any]:
+    """The bare envelope for an unclassified exception: fail closed, reveal nothing."""
+    correlation_id = correlation_id or uuid.uuid4().hex[:12]
+    return failure(FtlError("internal_error", {"correlation_id": correlation_id}))

@@ -1,0 +1,246 @@
+"""The campaign event log: one JSON object per line in ``.ftl/events/<campaign_id>.jsonl``.
+
+Every state entry, transition, tool call, failure, classification, retry and recovery attempt
+is written *before* the action it announces is taken, flushed per line, with secrets scrubbed
+(design.md §6). A crash (kill -9) loses at most a partial last line; the writer cuts such a torn
+tail back to the last newline before appending (the jsonlines pitfall: appending after a torn
+line glues the next record onto it), and the reader reports it instead of failing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import jsonlines
+
+from ftl.sanitize import scrub_value
+
+# Event names (FTL's where FTL had one; §2.6 of the behaviour reference).
+RUN_START = "RUN_START"
+RUN_END = "RUN_END"
+RESUME = "RESUME"
+LOG_REPAIRED = "LOG_REPAIRED"
+STATE_ENTRY = "STATE_ENTRY"
+PHASE_TRANSITION = "PHASE_TRANSITION"
+TOOL_CALL = "TOOL_CALL"
+TOOL_FAILURE = "TOOL_FAILURE"
+FAILURE_CLASSIFIED = "FAILURE_CLASSIFIED"
+RETRY = "RETRY"
+RECOVERY_ATTEMPT = "RECOVERY_ATTEMPT"
+READY_TASKS = "READY_TASKS"
+TASK_START = "TASK_START"
+TASK_END = "TASK_END"
+EXPLORER_RESULT = "EXPLORER_RESULT"
+PARTIAL_FAILURE = "PARTIAL_FAILURE"
+PLAN_DECISION = "PLAN_DECISION"
+PLAN_VALIDATION_FAILED = "PLAN_VALIDATION_FAILED"
+PLAN_REGISTERED = "PLAN_REGISTERED"
+CASCADE_STATUS = "CASCADE_STATUS"
+CASCADE_ANALYSIS = "CASCADE_ANALYSIS"
+CASCADE_REPLAN = "CASCADE_REPLAN"
+CASCADE_MERGE_FAILED = "CASCADE_MERGE_FAILED"
+CASCADE_PROPAGATE = "CASCADE_PROPAGATE"
+OBSERVATION = "OBSERVATION"
+ERROR_ROUTE = "ERROR_ROUTE"
+RETURN = "RETURN"
+
+# Events that are actions: replay checks that each lies inside a state (design.md §6).
+ACTION_EVENTS = frozenset({
+    TOOL_CALL, TOOL_FAILURE, FAILURE_CLASSIFIED, RETRY, RECOVERY_ATTEMPT, READY_TASKS,
+    TASK_START, TASK_END, EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
+    PLAN_VALIDATION_FAILED, PLAN_REGISTERED, CASCADE_STATUS, CASCADE_ANALYSIS, CASCADE_REPLAN,
+    CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN,
+})
+
+_RESERVED = frozenset({"ts", "seq", "campaign_id", "event"})
+_DUMPS = lambda obj: json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)  # noqa: E731
+
+
+def utc_now() -> str:
+    """RFC 3339 UTC timestamp with millisecond precision, e.g. ``2026-11-21T04:15:03.120Z``."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def repair_tail(path: Path) -> int:
+    """Cut a torn last line (no trailing newline) off ``path``; return the bytes removed.
+
+    Returns 0 when the file is absent, empty or already ends with a newline.
+    """
+    if not path.exists():
+        return 0
+    with open(path, "rb+") as handle:
+        size = handle.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        handle.seek(size - 1)
+        if handle.read(1) == b"\n":
+            return 0
+        # Walk back to the last newline in blocks; a log line is rarely long.
+        position, block = size, 4096
+        keep = 0
+        while position > 0:
+            start = max(0, position - block)
+            handle.seek(start)
+            chunk = handle.read(position - start)
+            index = chunk.rfind(b"\n")
+            if index >= 0:
+                keep = start + index + 1
+                break
+            position = start
+        handle.truncate(keep)
+        handle.flush()
+        os.fsync(handle.fileno())
+        return size - keep
+
+
+@dataclass
+class ReadReport:
+    """What a tolerant read found besides the events."""
+
+    lines: int = 0
+    torn_tail: bool = False
+    invalid_lines: list[int] = field(default_factory=list)
+
+
+def read_events(path: Path, report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
+    """Stream the events of a log, one dict per good line, in file order.
+
+    A torn last line sets ``report.torn_tail``; an invalid line elsewhere is skipped and its
+    1-based number added to ``report.invalid_lines`` (a corrupted middle is a finding for the
+    postmortem, not a reason to lose the rest). Memory stays flat: one line at a time.
+    """
+    report = report if report is not None else ReadReport()
+    with open(path, "rb") as handle:
+        previous: bytes | None = None
+        number = 0
+        for raw in handle:
+            if previous is not None:
+                event = _parse(previous, number, report, last=False)
+                if event is not None:
+                    yield event
+            previous = raw
+            number += 1
+        if previous is not None:
+            event = _parse(previous, number, report, last=True)
+            if event is not None:
+                yield event
+    report.lines = number
+
+
+def _parse(raw: bytes, number: int, report: ReadReport, *, last: bool) -> dict[str, Any] | None:
+    if not raw.strip():
+        return None
+    try:
+        event = json.loads(raw)
+        if not isinstance(event, dict):
+            raise ValueError("not an object")
+        if last and not raw.endswith(b"\n"):
+            # Complete JSON without its newline: a crash between write and newline. Keep it.
+            return event
+        return event
+    except ValueError:
+        if last and not raw.endswith(b"\n"):
+            report.torn_tail = True
+        else:
+            report.invalid_lines.append(number)
+        return None
+
+
+class EventLog:
+    """Append-only, thread-safe writer of one campaign's events.
+
+    Args:
+        path: the JSONL file; parent directories are created.
+        campaign_id: written into every event.
+        fsync: also ``os.fsync`` after every line (survives power loss, not only kill -9).
+
+    Opening an existing log repairs a torn tail (emitting ``LOG_REPAIRED``) and continues its
+    ``seq`` numbering, so a resumed run and the crashed one form one ordered story.
+    """
+
+    def __init__(self, path: Path, campaign_id: str, *, fsync: bool = False) -> None:
+        self.path = path
+        self.campaign_id = campaign_id
+        self._fsync = fsync
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.state: str | None = None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        removed = repair_tail(path)
+        self._seq = self._last_seq(path)
+        self._file = open(path, "a", encoding="utf-8")
+        self._writer = jsonlines.Writer(self._file, flush=True, dumps=_DUMPS)
+        if removed:
+            self.emit(LOG_REPAIRED, truncated_bytes=removed)
+
+    @staticmethod
+    def _last_seq(path: Path) -> int:
+        last = 0
+        if path.exists():
+            for event in read_events(path):
+                seq = event.get("seq")
+                if isinstance(seq, int) and seq > last:
+                    last = seq
+        return last
+
+    def subscribe(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        """Call ``listener(event)`` after each event is written (progress views, metrics)."""
+        self._listeners.append(listener)
+
+    def emit(self, event: str, *, state: str | None = None, **fields: Any) -> dict[str, Any]:
+        """Write one event and return it. ``state`` defaults to the log's current state.
+
+        Raises:
+            ValueError: a field would overwrite an envelope key (ts, seq, campaign_id, event);
+                a task's number travels as ``task_seq``.
+        """
+        clash = _RESERVED & fields.keys()
+        if clash:
+            raise ValueError(f"event fields {sorted(clash)} are reserved")
+        with self._lock:
+            self._seq += 1
+            record = {
+                "ts": utc_now(), "seq": self._seq, "campaign_id": self.campaign_id,
+                "event": event, "state": state if state is not None else self.state,
+                **scrub_value(fields),
+            }
+            self._writer.write(record)
+            if self._fsync:
+                os.fsync(self._file.fileno())
+        for listener in self._listeners:
+            try:
+                listener(record)
+            except Exception:  # a broken progress view must never stop a campaign
+                pass
+        return record
+
+    def close(self) -> None:
+        with self._lock:
+            self._writer.close()
+            self._file.close()
+
+    def __enter__(self) -> "EventLog":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def events_dir(repo: Path) -> Path:
+    return repo / ".ftl" / "events"
+
+
+def log_path(repo: Path, campaign_id: str) -> Path:
+    return events_dir(repo) / f"{campaign_id}.jsonl"
+
+
+def iter_many(paths: Iterable[Path], report: ReadReport | None = None) -> Iterator[dict[str, Any]]:
+    """Stream several logs of one campaign as one sequence (a crashed run, then its resume)."""
+    for path in paths:
+        yield from read_events(path, report)

@@ -1,0 +1,118 @@
+"""Progress views fed by the event log: a live task table on a terminal, plain lines otherwise.
+
+Both are listeners (`EventLog.subscribe`); they only read events, so a broken view can never
+change what a campaign does.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+from typing import Any, TextIO
+
+_PLAIN_EVENTS = {"STATE_ENTRY", "TASK_START", "TASK_END", "TOOL_FAILURE", "RETRY",
+                 "RECOVERY_ATTEMPT", "CASCADE_STATUS", "CASCADE_PROPAGATE", "CASCADE_REPLAN",
+                 "PARTIAL_FAILURE", "RETURN", "RUN_END", "ERROR_ROUTE", "LOG_REPAIRED"}
+
+
+def describe(event: dict[str, Any]) -> str | None:
+    """One human line for an event, or None for events not worth a line."""
+    name = event.get("event")
+    if name not in _PLAIN_EVENTS:
+        return None
+    state = event.get("state") or "-"
+    if name == "STATE_ENTRY":
+        extra = f" ({event['error_type']})" if event.get("error_type") else ""
+        return f"[{state}] enter{extra}"
+    if name == "TASK_START":
+        return f"[{state}] task {event.get('task_seq')} started on {event.get('worker')} (attempt {event.get('attempt')})"
+    if name == "TASK_END":
+        extra = f" ({event['error_type']})" if event.get("error_type") else ""
+        return f"[{state}] task {event.get('task_seq')} {event.get('status')}{extra}"
+    if name == "TOOL_FAILURE":
+        task = f" task {event['task_seq']}" if event.get("task_seq") else ""
+        return f"[{state}] failure{task}: {event.get('tool')} {event.get('error_type')}"
+    if name == "RETRY":
+        return f"[{state}] retry {event.get('tool')} attempt {event.get('attempt')} in {event.get('wait_ms')} ms"
+    if name == "RECOVERY_ATTEMPT":
+        return f"[{state}] recovery {event.get('strategy')} success={event.get('success')}"
+    if name == "CASCADE_STATUS":
+        return f"[{state}] cascade {event.get('cascade_state')}, {len(event.get('unreachable') or [])} unreachable"
+    if name == "CASCADE_PROPAGATE":
+        return f"[{state}] propagate blocks to {len(event.get('propagated') or [])} task(s)"
+    if name == "RUN_END":
+        return f"run ended: {event.get('outcome')} (exit {event.get('exit_code')})"
+    return f"[{state}] {name.lower()} " + ", ".join(
+        f"{k}={v}" for k, v in event.items()
+        if k not in ("ts", "seq", "campaign_id", "event", "state", "summary"))
+
+
+class PlainProgress:
+    """Writes one line per significant event to ``stream`` (stderr by default)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self._lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        line = describe(event)
+        if line:
+            with self._lock:
+                print(line, file=self.stream, flush=True)
+
+
+class RichProgress:
+    """A live table of tasks (rich) with the current state and the last notable event."""
+
+    def __init__(self) -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        self.console = Console(stderr=True)
+        self.tasks: dict[str, dict[str, Any]] = {}
+        self.state = "-"
+        self.last = ""
+        self._lock = threading.Lock()
+        self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
+
+    def __enter__(self) -> "RichProgress":
+        self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.live.__exit__(*exc)
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"ftl — {self.state}", caption=self.last or None, expand=False)
+        for column in ("task", "status", "worker", "attempt"):
+            table.add_column(column)
+        colours = {"running": "yellow", "complete": "green", "blocked": "red", "cancelled": "magenta"}
+        for seq in sorted(self.tasks, key=lambda s: int(s) if s.isdigit() else 0):
+            row = self.tasks[seq]
+            status = row.get("status", "pending")
+            table.add_row(seq, f"[{colours.get(status, 'white')}]{status}[/]", str(row.get("worker") or ""),
+                          str(row.get("attempt") or ""))
+        return table
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            name = event.get("event")
+            if name == "STATE_ENTRY":
+                self.state = event.get("state") or "-"
+            elif name == "PLAN_REGISTERED":
+                for seq in event.get("seqs") or []:
+                    self.tasks.setdefault(seq, {"status": "pending"})
+            elif name == "TASK_START":
+                self.tasks[event["task_seq"]] = {"status": "running", "worker": event.get("worker"),
+                                                 "attempt": event.get("attempt")}
+            elif name == "TASK_END":
+                self.tasks.setdefault(event["task_seq"], {})["status"] = event.get("status")
+            elif name == "CASCADE_PROPAGATE":
+                for item in event.get("propagated") or []:
+                    self.tasks.setdefault(item["seq"], {})["status"] = "blocked"
+            line = describe(event)
+            if line and name not in ("STATE_ENTRY", "TASK_START", "TASK_END"):
+                self.last = line
+            self.live.update(self._render())

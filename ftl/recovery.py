@@ -1,0 +1,237 @@
+"""Failure classification, retry policies (tenacity) and the recovery protocol.
+
+The order on every failure is FTL ERROR_HANDLING's, enforced here rather than asked for:
+emit ``TOOL_FAILURE`` -> classify (``FAILURE_CLASSIFIED`` with the decision) -> a transient
+failure is retried once (``RETRY`` first, honouring ``retry_after_ms``; a failing verify up to
+twice, as a possibly flaky test) -> still failing, it is structural and the caller attempts
+in-state recovery (``RECOVERY_ATTEMPT``) or goes to ERROR.
+
+Classification is a pure function of the failure (output text, exit status, timeout flag), so
+it is tested without processes or clocks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
+
+from tenacity import RetryCallState, Retrying
+
+from ftl import events as ev
+from ftl.errors import FtlError
+
+T = TypeVar("T")
+
+# Output text that marks a failure as transient, checked in order (FTL ERROR_HANDLING lists
+# timeouts, network errors, rate limits, lock contention and flaky tests as transient).
+_TRANSIENT_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(?i)\b(429|too many requests|rate[ -]?limit(ed)?)\b"), "rate_limited"),
+    (re.compile(r"(?i)(database is locked|could not (obtain|acquire) (a )?lock|lock(ed)? by another"
+                r"|resource temporarily unavailable|\.lock\b.*exists|lockfile)"), "lock_contention"),
+    (re.compile(r"(?i)(connection (refused|reset|aborted|timed out)|temporary failure in name "
+                r"resolution|network is unreachable|name or service not known|ECONNRESET|"
+                r"ETIMEDOUT|EAI_AGAIN|remote end closed connection|read timed out|"
+                r"service unavailable|\b50[234]\b (bad gateway|service unavailable|gateway))"),
+     "network_error"),
+)
+# Output text that names a structural cause more precisely than "the task failed".
+_STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named"
+                r"|No such file or directory)"), "dependency_missing"),
+)
+_RETRY_AFTER = re.compile(r"(?i)retry[-_ ]after(?:[-_ ]?ms)?\s*[:=]?\s*(\d+(?:\.\d+)?)\s*(ms|s)?")
+
+
+def retry_after_ms(output: str) -> int | None:
+    """A server's retry-after hint found in ``output`` (``Retry-After: 7`` -> 7000), in ms."""
+    match = _RETRY_AFTER.search(output or "")
+    if not match:
+        return None
+    value, unit = float(match.group(1)), (match.group(2) or "").lower()
+    header_ms = "ms" in match.group(0).lower().split(":")[0]
+    return int(value if unit == "ms" or header_ms else value * 1000)
+
+
+def classify_command(result: dict[str, Any], *, what: str, seq: str | None = None) -> FtlError:
+    """Turn a failed command result (builder or verifier output) into a registry error.
+
+    Args:
+        result: a tool result with ``exit_code``, ``output``, ``timed_out`` and optionally
+            ``error_type`` / ``retry_after_ms`` reported by an agent.
+        what: the step, for messages ("build", "verify").
+        seq: the task, when there is one.
+
+    Returns:
+        FtlError of a transient kind (timeout, rate_limited, lock_contention, network_error,
+        flaky_test for a failing verify) or a structural one (dependency_missing,
+        task_failed, or the agent's own error_type).
+    """
+    details: dict[str, Any] = {"seq": seq, "exit_code": result.get("exit_code"), "tool": what,
+                               "what": f"{what} of task {seq}" if seq else what,
+                               "timeout_s": result.get("timeout_s")}
+    output = str(result.get("output") or result.get("reason") or "")
+    details["output_tail"] = output[-2000:]
+    if result.get("timed_out"):
+        return FtlError("timeout", details)
+    agent_kind = result.get("error_type")
+    if agent_kind and agent_kind != "task_failed":  # a bare exit status is classified below
+        return FtlError(str(agent_kind), details, retry_after_ms=result.get("retry_after_ms"))
+    for pattern, error_type in _TRANSIENT_MARKERS:
+        if pattern.search(output):
+            return FtlError(error_type, details, retry_after_ms=retry_after_ms(output))
+    if what == "verify":
+        return FtlError("flaky_test", details)
+    for pattern, error_type in _STRUCTURAL_MARKERS:
+        found = pattern.search(output)
+        if found:
+            details["name"] = found.group(0)
+            return FtlError(error_type, details)
+    return FtlError("task_failed", details)
+
+
+def classify_exception(exc: BaseException) -> FtlError:
+    """Any exception as a registry error; unclassified ones fail closed as ``internal_error``."""
+    if isinstance(exc, FtlError):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return FtlError("timeout", {"what": "operation"})
+    if isinstance(exc, (ConnectionError,)):
+        return FtlError("network_error", {})
+    return FtlError("internal_error", {"correlation_id": uuid.uuid4().hex[:12],
+                                       "exception": type(exc).__name__})
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How many attempts each error kind gets and how long to wait between them.
+
+    ``attempts_for(error)`` is the single source both for tenacity's ``stop`` and for the
+    decision written into ``FAILURE_CLASSIFIED``, so the log never disagrees with what ran.
+
+    Attributes:
+        transient_retries: retries of a transient failure (FTL: once).
+        flaky_retries: retries of a failing verify (FTL: up to 2 for flaky tests).
+        backoff_min_s / backoff_max_s: exponential backoff bounds, s; a server's
+            ``retry_after_ms`` wins when larger (no jitter, so replays are identical).
+    """
+
+    transient_retries: int = 1
+    flaky_retries: int = 2
+    backoff_min_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+    def attempts_for(self, error: BaseException | None) -> int:
+        if not isinstance(error, FtlError) or not error.transient:
+            return 1
+        if error.error_type == "flaky_test":
+            return 1 + self.flaky_retries
+        return 1 + self.transient_retries
+
+    def wait_s(self, attempt_number: int, error: BaseException | None) -> float:
+        backoff = min(self.backoff_max_s, self.backoff_min_s * (2 ** max(0, attempt_number - 1)))
+        hint = getattr(error, "retry_after_ms", None)
+        return max(backoff, (hint or 0) / 1000.0)
+
+
+_op_counter = itertools.count(1)
+
+
+class RecoveryProtocol:
+    """Runs an operation under the emit -> classify -> retry protocol, writing every step.
+
+    Args:
+        log: the campaign's event log.
+        policy: the retry policy (built from config).
+        sleep: called with seconds between attempts; inject a recorder in tests. The default
+            waits on ``cancel`` so Ctrl-C does not sit out a backoff.
+        cancel: when set, no further attempt starts.
+    """
+
+    def __init__(self, log: ev.EventLog, policy: RetryPolicy, *,
+                 sleep: Callable[[float], Any] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+        self.log = log
+        self.policy = policy
+        self.cancel = cancel or threading.Event()
+        self.sleep = sleep or (lambda seconds: self.cancel.wait(seconds))
+
+    def run(self, action: Callable[[int], T], *, tool: str, seq: str | None = None,
+            state: str | None = None, escalate: Callable[[FtlError], FtlError] | None = None) -> T:
+        """Call ``action(attempt_number)`` until it succeeds or the policy gives up.
+
+        ``action`` raises FtlError on failure (use `classify_command` for command results).
+        Returns the action's value. Raises the final FtlError when attempts are exhausted,
+        passed through ``escalate`` (e.g. flaky_test -> verify_failed): after its retries a
+        transient failure is structural (FTL ERROR_HANDLING).
+        """
+        op_id = f"op{next(_op_counter)}-{uuid.uuid4().hex[:6]}"
+        policy = self.policy
+
+        def attempt_once(retry_state_number: int) -> T:
+            try:
+                return action(retry_state_number)
+            except BaseException as exc:  # noqa: BLE001 - every failure is emitted first
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                error = classify_exception(exc)
+                failure = self.log.emit(
+                    ev.TOOL_FAILURE, state=state, op_id=op_id, tool=tool, task_seq=seq,
+                    attempt=retry_state_number, error_type=error.error_type,
+                    message=error.message, details=error.details)
+                allowed = policy.attempts_for(error)
+                decision = "retry" if (retry_state_number < allowed and not self.cancel.is_set()) \
+                    else ("escalate" if error.transient else "structural")
+                self.log.emit(ev.FAILURE_CLASSIFIED, state=state, op_id=op_id, tool=tool, task_seq=seq,
+                              failure_seq=failure["seq"], error_type=error.error_type,
+                              klass=error.kind.klass.value, decision=decision,
+                              max_attempts=allowed)
+                error.emitted = True
+                raise error from None
+
+        def stop(retry_state: RetryCallState) -> bool:
+            error = retry_state.outcome.exception() if retry_state.outcome else None
+            return self.cancel.is_set() or retry_state.attempt_number >= policy.attempts_for(error)
+
+        def wait(retry_state: RetryCallState) -> float:
+            error = retry_state.outcome.exception() if retry_state.outcome else None
+            return policy.wait_s(retry_state.attempt_number, error)
+
+        def before_sleep(retry_state: RetryCallState) -> None:
+            error = retry_state.outcome.exception()
+            self.log.emit(ev.RETRY, state=state, op_id=op_id, tool=tool, task_seq=seq,
+                          attempt=retry_state.attempt_number + 1,
+                          error_type=getattr(error, "error_type", "internal_error"),
+                          wait_ms=int(round(retry_state.upcoming_sleep * 1000)))
+
+        retrying = Retrying(
+            retry=lambda rs: rs.outcome is not None and rs.outcome.failed
+            and isinstance(rs.outcome.exception(), FtlError),
+            stop=stop, wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True)
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return attempt_once(attempt.retry_state.attempt_number)
+        except FtlError as error:
+            final = escalate(error) if escalate else error
+            if final is not error:
+                final.details.setdefault("op_id", op_id)
+                final.emitted = True
+            raise final from None
+        raise AssertionError("tenacity ended without a result")  # pragma: no cover
+
+    def recovery(self, *, strategy: str, success: bool, state: str | None = None,
+                 **fields: Any) -> None:
+        """Record an in-state recovery attempt and whether it worked (``RECOVERY_ATTEMPT``)."""
+        self.log.emit(ev.RECOVERY_ATTEMPT, state=state, strategy=strategy, success=success, **fields)
+
+
+def escalate_flaky(error: FtlError) -> FtlError:
+    """A verify that kept failing through its retries is no longer flaky: it is verify_failed."""
+    if error.error_type == "flaky_test":
+        return FtlError("verify_failed", error.details)
+    return error
+

@@ -1,0 +1,282 @@
+"""``ftl serve``: run ftl's embedded MangleCP server over stdio or HTTP.
+
+stdio (MangleCP spec 02 §5.3): the manifest is the first stdout line (status ``booting`` until the
+evaluation worker is warm, then an updated ``ready`` manifest), one JSON message per line in both
+directions, requests handled concurrently, ``cancel`` honoured, logs only on stderr (fd 1 is
+redirected to stderr for everything but the protocol, so no library or child process can corrupt
+the stream), exit on stdin EOF after cancelling running invocations.
+
+HTTP (spec 02 §4.2): ``GET /.well-known/manglecp/manifest.json``, ``POST /manglecp/evaluate`` and
+``/manglecp/invoke`` (also ``/evaluate`` and ``/invoke``), the spec 09 status code per error,
+bearer auth with ``--token-env``, CORS ``*`` only when auth is off.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, Sequence
+
+import click
+
+from ftl.errors import FtlError
+from ftl.manglecp.messages import ProtocolError, encode, make_error, parse_message
+from ftl.manglecp.server import (
+    BearerAuth, ManglecpServer, Principal, Session, http_error_status)
+
+log = logging.getLogger("ftl.server.serve")
+
+_PEEK_BYTES = 64 * 1024  # lines shorter than this are checked for `cancel` before queueing
+
+
+# ---------------------------------------------------------------------------------------------
+# stdio
+
+
+def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
+                max_workers: int = 32, warm: Any = None) -> None:
+    """Serve one client over a pair of byte streams until ``stdin`` reaches EOF.
+
+    Args:
+        server: the server; its manifest is written before anything is read.
+        stdin, stdout: binary streams (one message per line each way).
+        max_workers: requests processed at the same time; ``cancel`` never waits for a worker.
+        warm: optional callable run after the first manifest; the server goes from
+            ``booting`` to ``ready`` (``degraded`` if it raises) and the new manifest is pushed.
+    """
+    out_lock = threading.Lock()
+    closed = threading.Event()
+
+    def write(message: dict[str, Any]) -> None:
+        data = encode(message) + b"\n"
+        with out_lock:
+            if closed.is_set():
+                return
+            try:
+                stdout.write(data)
+                stdout.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                closed.set()  # the client went away; keep draining quietly
+
+    session = Session(key="stdio")
+    write(server.manifest())
+    server.add_manifest_listener(write)
+    if warm is not None:
+        def boot() -> None:
+            try:
+                warm()
+            except Exception:
+                log.exception("server warm-up failed")
+                server.set_status("degraded")
+                return
+            server.set_status("ready")
+        threading.Thread(target=boot, name="manglecp-boot", daemon=True).start()
+
+    def run(line: bytes) -> None:
+        for reply in server.handle(line, session=session, emit=write):
+            write(reply)
+
+    limit = server.limits.max_message_bytes
+    with ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="manglecp-req") as pool:
+        while True:
+            line = stdin.readline(limit + 2)
+            if not line:
+                break
+            if len(line) > limit + 1 or (not line.endswith(b"\n") and len(line) == limit + 2):
+                size = len(line)
+                while line and not line.endswith(b"\n"):  # discard the rest of the oversized line
+                    line = stdin.readline(1 << 20)
+                    size += len(line)
+                write(make_error("message_too_large", f"The message is larger than {limit} bytes.",
+                                 {"limit_bytes": limit, "size_bytes": size}))
+                continue
+            if not line.strip():
+                continue
+            if len(line) < _PEEK_BYTES and _is_cancel(line):
+                run(line)  # inline: a cancel must not queue behind the requests it cancels
+            else:
+                pool.submit(run, line)
+        session.cancel_all()  # EOF: stop running invocations; their final replies still flush
+    server.remove_manifest_listener(write)
+
+
+def _is_cancel(line: bytes) -> bool:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("type") == "cancel"
+
+
+@contextlib.contextmanager
+def _protocol_stdout():
+    """Yield a private binary stream on the real stdout; point fd 1 and sys.stdout at stderr."""
+    sys.stdout.flush()
+    proto_fd = os.dup(1)  # not inherited by children
+    os.dup2(2, 1)
+    saved = sys.stdout
+    sys.stdout = sys.stderr
+    stream = os.fdopen(proto_fd, "wb", buffering=0)
+    try:
+        yield stream
+    finally:
+        sys.stdout = saved
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP
+
+
+def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = ()) -> Any:
+    """The Starlette app serving ``server`` over HTTP.
+
+    CORS: with auth off, any origin (``*``); with auth on, only ``cors_origins`` (never ``*``,
+    spec 08 §5).
+    """
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    def reply(message: dict[str, Any], status: int | None = None, headers: dict | None = None) -> Response:
+        return Response(encode(message), status_code=status or http_error_status(message),
+                        media_type="application/json", headers=headers)
+
+    async def manifest(request: Request) -> Response:
+        body = encode(server.manifest())
+        etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"})
+        return Response(body, media_type="application/json",
+                        headers={"ETag": etag, "Cache-Control": "no-cache"})
+
+    def endpoint(expected: str):
+        async def handle(request: Request) -> Response:
+            limit = server.limits.max_message_bytes
+            declared = request.headers.get("content-length")
+            if declared and declared.isdigit() and int(declared) > limit:
+                return reply(make_error("message_too_large", f"The message is larger than {limit} bytes.",
+                                        {"limit_bytes": limit, "size_bytes": int(declared)}))
+            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if media not in ("application/json", "application/manglecp+json"):
+                return reply(make_error("malformed_message", "Send the message as application/json.",
+                                        {"violations": [{"path": "/", "message": f"content type {media!r}"}]}))
+            body = await request.body()
+            try:
+                env = parse_message(body, max_bytes=limit)
+            except ProtocolError as exc:
+                return reply(exc.envelope())
+            if env.type != expected:
+                return reply(make_error("invalid_type", f"This endpoint takes {expected} messages.",
+                                        {"type": env.type, "accepted_types": [expected]}, id=env.id or None))
+            authorization = request.headers.get("authorization")
+            credentials = None
+            if authorization is not None:
+                scheme, _, token = authorization.partition(" ")
+                credentials = token.strip() if scheme.lower() == "bearer" else ""
+            session = Session(credentials=credentials)
+            replies = await run_in_threadpool(server.handle, env.model_dump(), session=session)
+            return reply(replies[-1])  # HTTP carries no progress (spec 07 §7)
+        return handle
+
+    middleware = []
+    origins = list(cors_origins) if server.auth is not None else ["*"]
+    origins = [o for o in origins if o != "*"] if server.auth is not None else origins
+    if origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+                                     allow_headers=["Content-Type", "Accept", "Authorization"]))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any):
+        yield
+        server.set_status("draining")
+        await run_in_threadpool(server.close)
+
+    routes = [Route("/.well-known/manglecp/manifest.json", manifest, methods=["GET"])]
+    for prefix in ("/manglecp", ""):
+        routes.append(Route(f"{prefix}/evaluate", endpoint("intent_request"), methods=["POST"]))
+        routes.append(Route(f"{prefix}/invoke", endpoint("invoke_request"), methods=["POST"]))
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+
+
+def _host_port(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise click.BadParameter("expected HOST:PORT, e.g. 127.0.0.1:8765", param_hint="--http")
+    return host.strip("[]"), int(port)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+@click.command("serve")
+@click.option("--stdio", "use_stdio", is_flag=True, help="Serve one client on stdin/stdout (default).")
+@click.option("--http", "http_addr", metavar="HOST:PORT", help="Serve HTTP on HOST:PORT instead.")
+@click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=".",
+              show_default=True, help="Repository the tools work on.")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="ftl.toml to use (default: <repo>/ftl.toml when present).")
+@click.option("--token-env", metavar="NAME",
+              help="Require `Authorization: Bearer <token>`, the token read from env var NAME.")
+@click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
+              help="Allowed browser origin when auth is on (repeatable; '*' is refused).")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
+              default="warning", show_default=True, help="Log level (logs go to stderr).")
+def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path | None,
+          token_env: str | None, cors_origins: tuple[str, ...], log_level: str) -> None:
+    """Run ftl's embedded MangleCP server (protocol 2026-02-draft).
+
+    stdio: prints the manifest as the first stdout line, then one JSON reply per line; logs go to
+    stderr; exits 0 on stdin EOF. HTTP: serves the well-known manifest and the evaluate/invoke
+    endpoints until interrupted. Exit codes: 0 clean shutdown, 2 bad usage or configuration.
+    """
+    from ftl.config import load_config
+    from ftl.server.app import build_server
+
+    logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if use_stdio and http_addr:
+        raise click.UsageError("choose one of --stdio and --http")
+    auth = None
+    if token_env:
+        token = os.environ.get(token_env, "")
+        if not token:
+            raise click.UsageError(f"environment variable {token_env} is empty or not set")
+        auth = BearerAuth({token: Principal("operator")})
+    try:
+        config = load_config(config_path, repo)
+    except FtlError as exc:
+        raise click.UsageError(exc.message) from None
+    server = build_server(repo, config, auth=auth, status="booting" if not http_addr else "ready")
+    if http_addr:
+        import uvicorn
+        host, port = _host_port(http_addr)
+        if auth is None and host not in ("127.0.0.1", "localhost", "::1"):
+            log.warning("serving without authentication on %s; use --token-env on a network", host)
+        uvicorn.Server(uvicorn.Config(create_app(server, cors_origins=cors_origins), host=host, port=port,
+                                      log_level=log_level, access_log=False)).run()
+        return
+    with _protocol_stdout() as proto:
+        try:
+            serve_stdio(server, sys.stdin.buffer, proto, warm=server.evaluator.warm)
+        finally:
+            server.close()
+
+
+if __name__ == "__main__":
+    serve()

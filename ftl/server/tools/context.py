@@ -1,0 +1,38 @@
+"""The context every embedded tool implementation receives, whatever transport carried the call.
+
+A tool is a plain function ``tool(args: ArgsModel, ctx: ToolContext) -> dict``: the MangleCP
+server framework validates the arguments against the tool's input schema, builds the context,
+and turns the returned dict into the ``invoke_response`` result.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+@dataclass
+class ToolContext:
+    """Per-invocation context.
+
+    Attributes:
+        repo: the repository the server works on (every relative path is resolved inside it).
+        cancel: set when the client cancels the invocation or the server drains; long tools
+            poll it and stop their subprocesses.
+        progress: reports progress (``{"message": str, "percent": float | None}``); a no-op on
+            transports without sessions.
+        correlation_id: the request's correlation id, for server-side logs.
+        output_limit_bytes: how much command output a tool keeps (tail), in bytes.
+    """
+
+    repo: Path
+    cancel: threading.Event = field(default_factory=threading.Event)
+    progress: Callable[[dict[str, Any]], None] = lambda update: None
+    correlation_id: str = ""
+    output_limit_bytes: int = 64 * 1024
+
+    @property
+    def store_path(self) -> Path:
+        return self.repo / ".ftl" / "ftl.db"

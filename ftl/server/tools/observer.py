@@ -1,0 +1,227 @@
+"""The observer tool: turn a finished campaign's attempts into memory for later campaigns.
+
+OBSERVE calls it once per campaign. It reads the campaign's task rows and workspace attempts from
+the store, extracts failure patterns from blocked attempts and success patterns from completed
+tasks, and writes them with ``Store.add_memory`` (which merges an entry seen before by its
+``(name, type)``). Rules after FTL observer.py analyze (``shared/reference/ftl-behaviour.md`` §7),
+limited to this campaign (FTL scanned every campaign's workspaces) and without FTL's re-run of
+verify commands to confirm blocks: the runner already ran verify itself before blocking.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ftl.errors import FtlError
+from ftl.server.tools.context import ToolContext
+
+__all__ = ["ObserveArgs", "observer", "extract_failures", "extract_patterns", "failure_name",
+           "score_pattern", "MIN_PATTERN_SCORE"]
+
+MIN_PATTERN_SCORE = 3  # FTL MIN_PATTERN_SCORE
+SCORE_BLOCKED_THEN_FIXED = 3
+SCORE_CLEAN_FIRST_TRY = 2
+SCORE_MULTI_FILE = 1
+_NAME_WORDS = 6
+_TEXT_LIMIT = 300
+_SKIPPED_ERRORS = frozenset({"cancelled"})  # a cancel teaches nothing about the task
+
+
+class ObserveArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    campaign_id: str = Field(min_length=1, description="The campaign to observe.")
+
+
+def _first_line(text: Any) -> str:
+    for line in str(text or "").splitlines():
+        if line.strip():
+            return line.strip()[:_TEXT_LIMIT]
+    return ""
+
+
+def _slugify(text: str, words: int = _NAME_WORDS) -> str:
+    """Letters-only kebab words: numbers, paths' digits and punctuation are dropped, so the same
+    failure in another run or campaign normalises to the same name."""
+    tokens = [t for t in re.findall(r"[a-z]+", text.lower().replace("_", " ")) if len(t) > 1]
+    return "-".join(tokens[:words])
+
+
+def failure_name(slug: str, reason: str) -> str:
+    """Memory name of a failure: ``<task slug>--<first line of the reason, normalised>``.
+
+    ``failure_name("add-login", "verify_failed: Task 003's verify command failed (exit 1).")``
+    -> ``"add-login--verify-failed-task-verify-command-failed"``.
+    """
+    normalised = _slugify(_first_line(reason))
+    return f"{slug}--{normalised}" if normalised else f"{slug}--blocked"
+
+
+def _source(campaign_id: str, workspace: dict[str, Any]) -> str:
+    """A workspace attempt's qualified id ``<campaign_id>/<workspace_id>/<attempt>``: bare
+    workspace ids repeat across attempts and campaigns, so they cannot key memory sources."""
+    return f"{campaign_id}/{workspace['workspace_id']}/{workspace.get('attempt', 1)}"
+
+
+def _reason(workspace: dict[str, Any]) -> tuple[str, str | None]:
+    result = workspace.get("result") if isinstance(workspace.get("result"), dict) else {}
+    return str(result.get("reason") or ""), result.get("error_type")
+
+
+def _delivered(workspace: dict[str, Any]) -> str:
+    result = workspace.get("result") if isinstance(workspace.get("result"), dict) else {}
+    build = result.get("build") if isinstance(result.get("build"), dict) else result
+    return _first_line(build.get("delivered") or "")
+
+
+def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any]],
+                     campaign_id: str) -> list[dict[str, Any]]:
+    """Failure memory entries from a campaign's blocked attempts; pure.
+
+    Each blocked workspace attempt (except cancels) gives ``{name: failure_name(slug, reason),
+    type: "failure", trigger: first line of the reason, fix: what a later complete attempt of the
+    same task delivered (else ""), source: [qualified workspace ids, see `_source`], campaign_id,
+    seq, error_type}``;
+    attempts with the same name merge their sources. A task blocked with no workspace and no
+    ``blocked_by`` (it failed before a builder ran) counts too, from its ``block_reason``; tasks
+    blocked only by propagation (``blocked_by`` set) teach nothing new and are skipped.
+    """
+    slugs = {t["seq"]: t["slug"] for t in tasks}
+    by_seq: dict[str, list[dict[str, Any]]] = {}
+    for ws in workspaces:
+        by_seq.setdefault(ws["seq"], []).append(ws)
+    entries: dict[str, dict[str, Any]] = {}
+
+    def add(seq: str, reason: str, error_type: str | None, source: str, fix: str) -> None:
+        name = failure_name(slugs.get(seq, f"task-{seq}"), reason)
+        entry = entries.setdefault(name, {
+            "name": name, "type": "failure",
+            "trigger": _first_line(reason) or f"task {seq} blocked",
+            "fix": fix, "source": [], "campaign_id": campaign_id, "seq": seq,
+            "error_type": error_type})
+        if source not in entry["source"]:
+            entry["source"].append(source)
+        if fix and not entry["fix"]:
+            entry["fix"] = fix
+
+    for seq, attempts in by_seq.items():
+        attempts = sorted(attempts, key=lambda w: w.get("attempt") or 0)
+        for index, ws in enumerate(attempts):
+            if ws.get("status") != "blocked":
+                continue
+            reason, error_type = _reason(ws)
+            if error_type in _SKIPPED_ERRORS:
+                continue
+            later = next((w for w in attempts[index + 1:] if w.get("status") == "complete"), None)
+            add(seq, reason, error_type, _source(campaign_id, ws),
+                _delivered(later) if later else "")
+    for task in tasks:
+        if task["status"] == "blocked" and not task.get("blocked_by") and not any(
+                w.get("status") == "blocked" for w in by_seq.get(task["seq"], [])):
+            add(task["seq"], task.get("block_reason") or "", None,
+                f"{campaign_id}/{task['seq']}-{task['slug']}", "")
+    return list(entries.values())
+
+
+def score_pattern(task: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
+    """Success score of a completed task (FTL observer scoring, the parts ftl can see).
+
+    ``blocked_then_fixed`` +3 (an earlier attempt blocked), ``clean_first_try`` +2 (complete on
+    the first attempt, nothing blocked), ``multi_file`` +1 (delta + creates name more than one
+    file). Returns ``(score, breakdown)``.
+    """
+    breakdown: dict[str, int] = {}
+    blocked_before = any(w.get("status") == "blocked" for w in attempts)
+    if blocked_before:
+        breakdown["blocked_then_fixed"] = SCORE_BLOCKED_THEN_FIXED
+    elif (task.get("attempts") or 1) <= 1:
+        breakdown["clean_first_try"] = SCORE_CLEAN_FIRST_TRY
+    spec = task.get("spec") if isinstance(task.get("spec"), dict) else {}
+    files = {*(spec.get("delta") or []), *(spec.get("creates") or [])}
+    if len(files) > 1:
+        breakdown["multi_file"] = SCORE_MULTI_FILE
+    return sum(breakdown.values()), breakdown
+
+
+def extract_patterns(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any]],
+                     campaign_id: str) -> list[dict[str, Any]]:
+    """Success-pattern entries from a campaign's completed tasks scoring >= 3; pure.
+
+    Entry: ``{name: "<slug>--fixed-after-block" | "<slug>--clean", type: "pattern", trigger:
+    the task's slug words and files, insight: what it delivered (plus the block it overcame),
+    source: [qualified workspace ids], campaign_id, seq, score, breakdown}``.
+    """
+    by_seq: dict[str, list[dict[str, Any]]] = {}
+    for ws in workspaces:
+        by_seq.setdefault(ws["seq"], []).append(ws)
+    patterns = []
+    for task in tasks:
+        if task["status"] != "complete":
+            continue
+        attempts = sorted(by_seq.get(task["seq"], []), key=lambda w: w.get("attempt") or 0)
+        score, breakdown = score_pattern(task, attempts)
+        if score < MIN_PATTERN_SCORE:
+            continue
+        spec = task.get("spec") if isinstance(task.get("spec"), dict) else {}
+        files = [*(spec.get("delta") or []), *(spec.get("creates") or [])]
+        done = next((w for w in reversed(attempts) if w.get("status") == "complete"), None)
+        delivered = (_delivered(done) if done else "") or _first_line(task.get("delivered"))
+        insight = delivered or f"task {task['slug']} completed"
+        blocked = [w for w in attempts if w.get("status") == "blocked"]
+        if blocked:
+            insight = f"{insight} (after: {_first_line(_reason(blocked[-1])[0]) or 'a blocked attempt'})"
+        kind = "fixed-after-block" if blocked else "clean"
+        patterns.append({
+            "name": f"{task['slug']}--{kind}", "type": "pattern",
+            "trigger": f"{task['slug'].replace('-', ' ')}: {', '.join(files[:5]) or task.get('type', 'task')}",
+            "insight": insight[:_TEXT_LIMIT],
+            "source": [_source(campaign_id, w) for w in attempts]
+                      or [f"{campaign_id}/{task['seq']}-{task['slug']}"],
+            "campaign_id": campaign_id, "seq": task["seq"], "score": score, "breakdown": breakdown})
+    return patterns
+
+
+def _store_entry(store: Any, entry: dict[str, Any], known: dict[tuple[str, str], dict]) -> str:
+    """Write ``entry`` unless memory already holds it with all its sources (a re-run of OBSERVE
+    must not count the same attempts twice). Returns added | merged | unchanged."""
+    existing = known.get((entry["name"], entry["type"]))
+    if existing is not None and set(entry["source"]) <= set(existing.get("source") or []):
+        return "unchanged"
+    stored = store.add_memory(entry)
+    known[(entry["name"], entry["type"])] = stored
+    return "added" if existing is None else "merged"
+
+
+def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
+    """Extract failure and success patterns of one campaign into memory (FTL OBSERVE).
+
+    Returns:
+        ``{"failures_extracted": [{name, trigger, result: added | merged | unchanged}],
+        "patterns_extracted": [{name, score, breakdown, result}],
+        "workspaces": {"complete": n, "blocked": m, <other status>: k}}`` (counts of workspace
+        attempts by status).
+
+    Raises:
+        FtlError(not_found): no store yet, or no such campaign.
+    """
+    if not ctx.store_path.exists():
+        raise FtlError("not_found", {"what": f"campaign {args.campaign_id} (no store yet)"})
+    from ftl.store import Store
+
+    with Store(ctx.store_path) as store:
+        tasks = store.tasks(args.campaign_id)
+        workspaces = store.workspaces(args.campaign_id)
+        failures = extract_failures(tasks, workspaces, args.campaign_id)
+        patterns = extract_patterns(tasks, workspaces, args.campaign_id)
+        known = {(m["name"], m["type"]): m for m in store.memory(limit=100_000)}
+        failures_out = [{"name": f["name"], "trigger": f["trigger"],
+                         "result": _store_entry(store, f, known)} for f in failures]
+        patterns_out = [{"name": p["name"], "score": p["score"], "breakdown": p["breakdown"],
+                         "result": _store_entry(store, p, known)} for p in patterns]
+    counts: dict[str, int] = {"complete": 0, "blocked": 0}
+    for ws in workspaces:
+        counts[ws["status"]] = counts.get(ws["status"], 0) + 1
+    return {"failures_extracted": failures_out, "patterns_extracted": patterns_out,
+            "workspaces": counts}

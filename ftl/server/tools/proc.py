@@ -1,0 +1,405 @@
+"""Run one external command for a tool: bounded time, bounded output, no stray processes.
+
+Every subprocess ftl starts (builders, verify commands, planner and builder agents, git) goes
+through `run_command`. The command runs in its own session (so its process group id is its pid);
+on a timeout or a cancel the whole group is stopped (SIGTERM, a short grace, SIGKILL), and when the
+command exits normally any background process it left in its group is stopped the same way, so
+nothing a step started outlives the step.
+
+Linux only: the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) to be killed when its
+parent goes away, so a ``kill -9`` of ftl does not leave builds running. Two caveats:
+
+* the signal fires when the *thread* that spawned the child exits, not the process; spawn from
+  long-lived threads (the scheduler's workers, the server's request threads), never from a
+  short-lived helper thread;
+* it reaches only the direct child. Grandchildren (what ``/bin/sh -c`` starts) are in the child's
+  process group and are stopped by the timeout/cancel path, but not by the kernel after a
+  ``kill -9`` of ftl.
+
+Also here: `git_status`, the parsed ``git status --porcelain`` of a work tree, and `snapshot_tree`
+/ `changed_paths`, used by builders to see which files a step changed (FTL §8.3 item 7).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from ftl.errors import FtlError
+
+__all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
+           "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+EXIT_NOT_FOUND = 127  # shell convention: command not found
+EXIT_NOT_EXECUTABLE = 126  # shell convention: found but not executable
+_POLL_S = 0.05  # how often the wait loop looks at the cancel flag and the deadline
+_READ_CHUNK = 65536
+_DRAIN_LIMIT_S = 2.0  # after the group is stopped, how long to wait for pipes to close
+
+# Directories no tool looks into: VCS data, ftl's own state, environments and caches.
+SKIP_DIRS = frozenset({".git", ".ftl", ".venv", "venv", "node_modules", "__pycache__", ".tox",
+                       ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis"})
+
+try:
+    _LIBC = ctypes.CDLL(None, use_errno=True)
+    _PRCTL = _LIBC.prctl
+except (OSError, AttributeError):  # not glibc/musl Linux: no parent-death signal
+    _PRCTL = None
+
+
+@dataclass
+class CommandResult:
+    """Outcome of one command. A non-zero exit, a timeout or a cancel is data, not an exception.
+
+    Attributes:
+        exit_code: the exit status; negative ``-N`` when a signal N not sent by ftl ended it;
+            None when ftl stopped it (``timed_out`` or ``cancelled``); 127 when the program was
+            not found and 126 when it could not be executed (shell conventions).
+        output: the tail of stdout and stderr interleaved in arrival order, at most
+            ``output_limit_bytes`` bytes before decoding (UTF-8, ``errors="replace"``).
+        stdout: the tail of stdout alone (same limit).
+        stderr: the tail of stderr alone (same limit).
+        timed_out: the command ran past ``timeout_s`` and was stopped.
+        cancelled: the cancel event was set and the command was stopped.
+        duration_ms: wall-clock run time (monotonic clock), in ms.
+        truncated: some output was dropped to keep the tail within the limit.
+    """
+
+    exit_code: int | None
+    output: str
+    stdout: str
+    stderr: str
+    timed_out: bool
+    cancelled: bool
+    duration_ms: int
+    truncated: bool = False
+
+    @property
+    def ok(self) -> bool:
+        """True when the command ran to the end and exited 0."""
+        return self.exit_code == 0 and not self.timed_out and not self.cancelled
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Tail:
+    """Keeps the last ``limit`` bytes written to it."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(0, limit)
+        self.buf = bytearray()
+        self.dropped = False
+
+    def add(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+            self.dropped = True
+
+    def text(self) -> str:
+        return self.buf.decode("utf-8", errors="replace")
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    """The preexec_fn: parent-death signal, then close the race where the parent already died."""
+
+    def setup() -> None:
+        if _PRCTL is not None:
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # parent died between fork and prctl
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return setup
+
+
+def _exited(pid: int) -> bool:
+    """True once ``pid`` has exited; leaves it a zombie so its pid (= the pgid) cannot be reused."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (non-zombie) pids in process group ``pgid``, from /proc; None if /proc is unreadable."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return None
+    members = []
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp ...
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != b"Z":
+            members.append(int(entry))
+    return members
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop_group(pgid: int, grace_s: float, sleep: Callable[[float], None] = time.sleep) -> None:
+    """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left."""
+    members = _group_members(pgid)
+    if members == []:
+        return
+    _signal_group(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        members = _group_members(pgid)
+        if members == [] or (members is None and _exited(pgid)):
+            break
+        sleep(_POLL_S)
+    _signal_group(pgid, signal.SIGKILL)  # no-op for an empty group; catches late forks
+
+
+def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
+                cancel: threading.Event | None = None, stdin: bytes | None = None,
+                env: Mapping[str, str] | None = None, output_limit_bytes: int = 65536,
+                grace_s: float = 2.0) -> CommandResult:
+    """Run ``command`` in ``cwd`` and return its `CommandResult`; never raises for its outcome.
+
+    Args:
+        command: a string runs through ``/bin/sh -c``; a list runs the program directly.
+        cwd: working directory; must exist.
+        timeout_s: wall-clock limit in s; past it the process group is stopped.
+        cancel: when set (polled every 50 ms) the process group is stopped.
+        stdin: bytes written to the command's stdin, which is then closed; None gives it an
+            empty stdin (EOF at once), never the caller's terminal.
+        env: variables added to (and overriding) the inherited environment.
+        output_limit_bytes: how many bytes of output tail to keep, per stream and combined.
+        grace_s: time between SIGTERM and SIGKILL when stopping the group, in s.
+
+    Output is read while the command runs (no pipe deadlock whatever its size). If a process
+    outside the group (one that called setsid) keeps the pipes open, reading stops 2 s after the
+    group is gone.
+
+    Raises:
+        FtlError(not_found): ``cwd`` is not a directory.
+        FtlError(invalid_params): ``command`` is empty.
+    """
+    cwd = Path(cwd)
+    if not cwd.is_dir():
+        raise FtlError("not_found", {"what": f"working directory {cwd}"})
+    if isinstance(command, str):
+        if not command.strip():
+            raise FtlError("invalid_params", {"schema_errors": ["command is empty"]})
+        argv: list[str] = ["/bin/sh", "-c", command]
+    else:
+        argv = [str(part) for part in command]
+        if not argv:
+            raise FtlError("invalid_params", {"schema_errors": ["command is empty"]})
+    child_env = None
+    if env:
+        child_env = dict(os.environ)
+        child_env.update({str(k): str(v) for k, v in env.items()})
+
+    out, err, both = (_Tail(output_limit_bytes) for _ in range(3))
+    started = time.monotonic()
+    if cancel is not None and cancel.is_set():  # cancelled before it began: do not start it
+        return CommandResult(None, "", "", "", False, True, 0)
+    try:
+        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                start_new_session=True, preexec_fn=_child_setup(os.getpid()))
+    except (FileNotFoundError, NotADirectoryError):
+        message = f"{argv[0]}: command not found\n"
+        return CommandResult(EXIT_NOT_FOUND, message, "", message, False, False,
+                             int((time.monotonic() - started) * 1000))
+    except PermissionError:
+        message = f"{argv[0]}: permission denied\n"
+        return CommandResult(EXIT_NOT_EXECUTABLE, message, "", message, False, False,
+                             int((time.monotonic() - started) * 1000))
+
+    timed_out = cancelled = False
+    pending_in = memoryview(stdin or b"")
+    selector = selectors.DefaultSelector()
+    try:
+        assert proc.stdin and proc.stdout and proc.stderr
+        for stream, tail in ((proc.stdout, out), (proc.stderr, err)):
+            os.set_blocking(stream.fileno(), False)
+            selector.register(stream, selectors.EVENT_READ, tail)
+        if pending_in:
+            os.set_blocking(proc.stdin.fileno(), False)
+            selector.register(proc.stdin, selectors.EVENT_WRITE, None)
+        else:
+            proc.stdin.close()
+
+        def pump(wait_s: float) -> None:
+            nonlocal pending_in
+            for key, _ in selector.select(wait_s):
+                if key.data is None:  # stdin writable
+                    try:
+                        written = os.write(key.fd, pending_in[:_READ_CHUNK])
+                        pending_in = pending_in[written:]
+                    except BlockingIOError:
+                        continue
+                    except (BrokenPipeError, OSError):
+                        pending_in = pending_in[:0]
+                    if not pending_in:
+                        selector.unregister(key.fileobj)
+                        key.fileobj.close()
+                    continue
+                try:
+                    data = os.read(key.fd, _READ_CHUNK)
+                except BlockingIOError:
+                    continue
+                if data:
+                    key.data.add(data)
+                    both.add(data)
+                else:
+                    selector.unregister(key.fileobj)
+
+        def reading() -> bool:
+            return any(key.data is not None for key in selector.get_map().values())
+
+        deadline = started + timeout_s
+        idle_s = 0.001  # once the pipes are closed, poll for the exit with a growing interval
+        while not _exited(proc.pid):
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            if time.monotonic() >= deadline:
+                timed_out = True
+                break
+            if reading() or pending_in:
+                pump(min(_POLL_S, max(0.0, deadline - time.monotonic())))
+            else:
+                time.sleep(min(idle_s, max(0.0, deadline - time.monotonic())))
+                idle_s = min(idle_s * 2, _POLL_S)
+        # The leader is done or must stop: either way nothing of its group may stay behind.
+        _stop_group(proc.pid, grace_s)
+        drain_until = time.monotonic() + _DRAIN_LIMIT_S
+        while reading() and time.monotonic() < drain_until:
+            pump(_POLL_S)
+        proc.wait()
+    finally:
+        selector.close()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None and not stream.closed:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        if proc.returncode is None:  # an exception escaped the loop: do not leak the group
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+    exit_code = None if (timed_out or cancelled) else proc.returncode
+    return CommandResult(exit_code=exit_code, output=both.text(), stdout=out.text(),
+                         stderr=err.text(), timed_out=timed_out, cancelled=cancelled,
+                         duration_ms=int((time.monotonic() - started) * 1000),
+                         truncated=out.dropped or err.dropped or both.dropped)
+
+
+# --------------------------------------------------------------------------- change detection
+
+def git_status(repo: Path, *, cancel: threading.Event | None = None,
+               timeout_s: float = 30.0) -> dict[str, str] | None:
+    """Paths that differ from HEAD in ``repo``'s work tree, with their two-letter porcelain code.
+
+    Uses ``git status --porcelain=v1 -z --untracked-files=all`` (renames give the new path;
+    ignored files are not listed). Paths are repository-relative with ``/`` separators and are
+    relative to ``repo`` when ``repo`` is a sub-directory of the work tree.
+
+    Returns:
+        ``{path: "XY"}``, or None when ``repo`` is not in a git work tree or git is unavailable.
+    """
+    prefix = run_command(["git", "rev-parse", "--show-prefix"], cwd=repo, timeout_s=timeout_s,
+                         cancel=cancel)
+    if not prefix.ok:
+        return None
+    strip = prefix.stdout.strip()
+    result = run_command(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                          "--no-renames", "--", "."], cwd=repo, timeout_s=timeout_s,
+                         cancel=cancel, output_limit_bytes=64 * 1024 * 1024)
+    if not result.ok:
+        return None
+    changes: dict[str, str] = {}
+    for record in result.stdout.split("\0"):
+        if len(record) > 3 and record[3:].startswith(strip):
+            changes[record[3:][len(strip):]] = record[:2]
+    return changes
+
+
+def _fingerprint(path: Path) -> str:
+    """Content hash of a file ("-" when absent, "d" for a directory or other non-file)."""
+    try:
+        if not path.is_file():
+            return "-" if not path.exists() else "d"
+        digest = hashlib.sha1()
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(block)
+        return digest.hexdigest()
+    except OSError:
+        return "?"
+
+
+def _walk_files(repo: Path) -> dict[str, str]:
+    """Every file under ``repo`` outside `SKIP_DIRS`, as ``{path: "size:mtime_ns"}``."""
+    files: dict[str, str] = {}
+    for root, dirs, names in os.walk(repo):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS and not (Path(root, d) / "pyvenv.cfg").exists()]
+        for name in names:
+            full = Path(root, name)
+            try:
+                stat = full.stat()
+            except OSError:
+                continue
+            files[full.relative_to(repo).as_posix()] = f"{stat.st_size}:{stat.st_mtime_ns}"
+    return files
+
+
+def snapshot_tree(repo: Path, method: str | None = None) -> tuple[str, dict[str, str]]:
+    """A cheap picture of ``repo``'s files to diff after a step (see `changed_paths`).
+
+    In a git work tree (method ``"git"``): the paths `git_status` lists, each with its status
+    code and content hash (a path not listed equals HEAD). Elsewhere (method ``"walk"``): every
+    file outside `SKIP_DIRS` with its size and mtime. Paths under ``.ftl/`` (ftl's own store and
+    logs) are left out. Not cancellable on purpose: a scope check must run even after a cancel.
+
+    Args:
+        method: force ``"git"`` or ``"walk"`` (use the first snapshot's method for the second);
+            None detects.
+
+    Returns:
+        ``(method, {path: fingerprint})``; method ``"unavailable"`` (and no paths) when ``"git"``
+        was forced and git failed.
+    """
+    status = git_status(repo) if method in (None, "git") else None
+    if status is None:
+        if method == "git":
+            return "unavailable", {}
+        return "walk", _walk_files(repo)
+    return "git", {path: f"{code}:{_fingerprint(repo / path)}" for path, code in status.items()
+                   if not path.startswith(".ftl/")}
+
+
+def changed_paths(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    """Paths whose fingerprint differs between two `snapshot_tree` pictures, sorted."""
+    return sorted(path for path in before.keys() | after.keys()
+                  if before.get(path) != after.get(path) and not path.startswith(".ftl/"))

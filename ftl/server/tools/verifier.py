@@ -1,0 +1,40 @@
+"""The verifier tool: run a task's ``verify`` command and say whether it passed.
+
+The runner, not the builder, decides that a task is complete, and only after this check passes
+(FTL §8.3 item 6: FTL left verification to the builder's prose).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from ftl.server.tools.context import ToolContext
+from ftl.server.tools.proc import run_command
+
+__all__ = ["VerifyArgs", "run_verify"]
+
+
+class VerifyArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    command: str = Field(min_length=1, description="Shell command that exits 0 when the task is done.")
+    timeout_s: float = Field(300.0, gt=0, description="Time limit, s.")
+
+
+def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
+    """Run ``args.command`` through ``/bin/sh -c`` in the repository.
+
+    Returns:
+        ``{"passed": exit 0 and not timed out or cancelled, "exit_code" (None when stopped),
+        "output" (combined stdout/stderr tail, at most ctx.output_limit_bytes bytes),
+        "timed_out", "cancelled", "duration_ms"}``. A failing command is a result, not an error.
+
+    Raises:
+        FtlError(invalid_params): the command is blank.
+    """
+    result = run_command(args.command, cwd=ctx.repo, timeout_s=args.timeout_s, cancel=ctx.cancel,
+                         output_limit_bytes=ctx.output_limit_bytes)
+    return {"passed": result.ok, "exit_code": result.exit_code, "output": result.output,
+            "timed_out": result.timed_out, "cancelled": result.cancelled,
+            "duration_ms": result.duration_ms}

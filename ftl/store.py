@@ -1,0 +1,1080 @@
+"""The SQLite store (``<repo>/.ftl/ftl.db``): campaigns, plan versions, tasks, workspaces,
+explorer results, explorations and memory. The only module in ftl that writes SQL.
+
+What it fixes from FTL's store (``shared/reference/ftl-behaviour.md`` §5.6, §8.2 items 11-14,
+§8.3 item 11): one row per task instead of one JSON column per campaign; a single table of legal
+task transitions (`TRANSITIONS`), checked and written in one ``BEGIN IMMEDIATE`` transaction so
+two processes can neither lose an update nor both start the same task; add-tasks refuses to
+overwrite progress; a re-plan merge keeps complete tasks, takes the revised spec for the others,
+adds new tasks and saves a new plan version.
+
+Durability and concurrency choices:
+
+* WAL journal, ``synchronous=FULL``. WAL with NORMAL already survives ``kill -9`` of the process
+  (the WAL is in the OS page cache), but may lose the last commits on power loss or an OS crash;
+  FULL fsyncs the WAL on every commit, so a commit ftl has acted on (a task marked complete, a
+  workspace started) is never rolled back. ftl makes a few commits per task, so the cost of one
+  fsync each is negligible next to a build.
+* ``busy_timeout`` of `BUSY_TIMEOUT_MS`: a writer in another process makes us wait, not fail; a lock
+  held longer than that becomes the transient ``lock_contention`` error.
+* One connection per `Store`, opened with ``check_same_thread=False`` and serialised by an
+  ``RLock``. SQLite has one writer at a time anyway and every statement here is short, so a
+  connection per thread would add no write parallelism, only connections to track and close.
+* Read-modify-write goes through ``BEGIN IMMEDIATE``: the write lock is taken before the read, so
+  the check and the write see the same state in every process.
+
+Rows come back as plain dicts with JSON columns decoded. Timestamps are RFC 3339 UTC strings with
+millisecond precision and a ``Z`` suffix. Seqs are canonical (`ftl.models.normalize_seq`); callers
+may pass ``1``, ``"1"`` or ``"001"``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import sqlite3
+import threading
+import uuid
+from collections import Counter
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from ftl import dag
+from ftl.errors import FtlError
+from ftl.models import ExplorerMode, Plan, Task, TaskStatus, normalize_seq
+
+log = logging.getLogger("ftl.store")
+
+BUSY_TIMEOUT_MS = 10_000
+CAMPAIGN_STATUSES = ("active", "complete", "returned", "cancelled")
+FINISHED_STATUSES = ("complete", "returned", "cancelled")
+FLOWS = ("campaign", "task")
+WORKSPACE_END_STATUSES = ("complete", "blocked", "cancelled", "abandoned")
+#: Workspace attempt lifecycle: active -> built (build done, verify pending; a resume re-verifies
+#: instead of rebuilding) -> an end status; or active -> an end status directly.
+WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "active": ("built",) + WORKSPACE_END_STATUSES,
+    "built": WORKSPACE_END_STATUSES,
+}
+MEMORY_TYPES = ("failure", "pattern")
+
+_P, _R, _C, _B = TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.COMPLETE, TaskStatus.BLOCKED
+
+#: Legal task transitions -> the ``reason`` they require (None: any reason). Everything else is
+#: ``invalid_state``. Source: ftl design (§8.3 item 11 of the FTL reference); FTL's update-task
+#: accepted any status string (§8.2 item 11).
+TRANSITIONS: dict[tuple[TaskStatus, TaskStatus], str | None] = {
+    (_P, _R): None,        # the scheduler starts a ready task
+    (_R, _C): None,        # verified
+    (_R, _B): None,        # the attempt failed structurally
+    (_P, _B): None,        # cascade propagation: a dependency is blocked
+    (_B, _P): "replan",    # re-opened by a re-plan merge
+    (_R, _P): "resume",    # in-flight attempt discarded after a crash
+}
+
+# Migration n (1-based) brings the schema from user_version n-1 to n. Append, never edit.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE campaign (
+            campaign_id   TEXT PRIMARY KEY,
+            objective     TEXT NOT NULL,
+            flow          TEXT NOT NULL CHECK (flow IN ('campaign', 'task')),
+            status        TEXT NOT NULL
+                          CHECK (status IN ('active', 'complete', 'returned', 'cancelled')),
+            framework     TEXT,
+            machine_state TEXT,
+            tracked       TEXT NOT NULL DEFAULT '{}',
+            error         TEXT,
+            inputs        TEXT,
+            summary       TEXT,
+            created_at    TEXT NOT NULL,
+            updated_at    TEXT NOT NULL,
+            finished_at   TEXT
+        )""",
+        # At most one active campaign (FTL idx_campaign_singleton_active).
+        "CREATE UNIQUE INDEX campaign_one_active ON campaign (status) WHERE status = 'active'",
+        """CREATE TABLE plan (
+            campaign_id TEXT NOT NULL REFERENCES campaign (campaign_id),
+            version     INTEGER NOT NULL CHECK (version >= 1),
+            plan        TEXT NOT NULL,
+            created_at  TEXT NOT NULL,
+            PRIMARY KEY (campaign_id, version)
+        )""",
+        """CREATE TABLE task (
+            campaign_id  TEXT NOT NULL REFERENCES campaign (campaign_id),
+            seq          TEXT NOT NULL,
+            slug         TEXT NOT NULL,
+            type         TEXT NOT NULL,
+            depends      TEXT NOT NULL DEFAULT '[]',
+            status       TEXT NOT NULL
+                         CHECK (status IN ('pending', 'running', 'complete', 'blocked')),
+            attempts     INTEGER NOT NULL DEFAULT 0 CHECK (attempts >= 0),
+            blocked_by   TEXT NOT NULL DEFAULT '[]',
+            block_reason TEXT,
+            delivered    TEXT,
+            spec         TEXT NOT NULL,
+            worker       TEXT,
+            started_at   TEXT,
+            finished_at  TEXT,
+            revised_at   TEXT,
+            updated_at   TEXT NOT NULL,
+            PRIMARY KEY (campaign_id, seq)
+        )""",
+        """CREATE TABLE workspace (
+            campaign_id  TEXT NOT NULL REFERENCES campaign (campaign_id),
+            workspace_id TEXT NOT NULL,
+            seq          TEXT NOT NULL,
+            attempt      INTEGER NOT NULL CHECK (attempt >= 1),
+            status       TEXT NOT NULL CHECK (status IN
+                         ('active', 'built', 'complete', 'blocked', 'cancelled', 'abandoned')),
+            spec         TEXT NOT NULL,
+            result       TEXT,
+            created_at   TEXT NOT NULL,
+            finished_at  TEXT,
+            PRIMARY KEY (campaign_id, workspace_id, attempt)
+        )""",
+        "CREATE INDEX workspace_seq ON workspace (campaign_id, seq, attempt)",
+        """CREATE TABLE explorer_result (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            campaign_id TEXT NOT NULL REFERENCES campaign (campaign_id),
+            mode        TEXT NOT NULL,
+            status      TEXT,
+            result      TEXT NOT NULL,
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX explorer_result_campaign ON explorer_result (campaign_id, id)",
+        """CREATE TABLE exploration (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            campaign_id TEXT NOT NULL REFERENCES campaign (campaign_id),
+            exploration TEXT NOT NULL,
+            created_at  TEXT NOT NULL
+        )""",
+        "CREATE INDEX exploration_campaign ON exploration (campaign_id, id)",
+        # Memory outlives campaigns, so campaign_id is a plain column, not a foreign key.
+        """CREATE TABLE memory (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            name        TEXT NOT NULL,
+            type        TEXT NOT NULL CHECK (type IN ('failure', 'pattern')),
+            trigger     TEXT NOT NULL,
+            entry       TEXT NOT NULL,
+            source      TEXT NOT NULL DEFAULT '[]',
+            campaign_id TEXT,
+            occurrences INTEGER NOT NULL DEFAULT 1 CHECK (occurrences >= 1),
+            created_at  TEXT NOT NULL,
+            updated_at  TEXT NOT NULL,
+            UNIQUE (name, type)
+        )""",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def format_ts(moment: datetime) -> str:
+    """RFC 3339 UTC with milliseconds and ``Z``: ``2026-11-21T04:15:03.120Z`` (sorts as text)."""
+    utc = moment.astimezone(timezone.utc) if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def _violation(path: str, message: str) -> FtlError:
+    return FtlError("schema_invalid", {"count": 1, "violations": [{"path": path, "message": message}]})
+
+
+def _dumps(value: Any, what: str) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise _violation(what, f"must be JSON-serialisable ({exc})") from None
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _seq(value: Any, what: str = "seq") -> str:
+    try:
+        return normalize_seq(value)
+    except ValueError as exc:
+        raise _violation(what, str(exc)) from None
+
+
+def check_plan_graph(tasks: Sequence[Task]) -> None:
+    """Reject a task list that is not a DAG over its own seqs.
+
+    Order of checks (FTL add-tasks/merge, reference §6.3-6.4, plus duplicate seqs which FTL
+    accepted, §8.2 item 12): duplicate seqs, then cycles, then dependencies on seqs outside the list.
+
+    Raises:
+        FtlError(schema_invalid): duplicate seqs or dangling dependencies; ``details.violations``
+            names each task and dependency and the valid seqs.
+        FtlError(cycle_detected): ``details.cycle`` is the path, e.g. ``"001 -> 002 -> 001"``
+            (each task depends on the next).
+    """
+    duplicates = sorted((seq for seq, n in Counter(t.seq for t in tasks).items() if n > 1), key=int)
+    if duplicates:
+        raise FtlError("schema_invalid", {"count": len(duplicates), "violations": [
+            {"path": f"tasks[seq={seq}].seq", "message": f"seq {seq} is used by more than one task"}
+            for seq in duplicates]})
+    graph = {t.seq: list(t.depends) for t in tasks}
+    cycle = dag.find_cycle(graph)
+    if cycle:
+        text = dag.format_cycle(cycle)
+        raise FtlError("cycle_detected", {"cycle": text, "violations": [
+            {"path": "tasks", "message": f"dependency cycle {text}"}]})
+    missing = dag.dangling(graph)
+    if missing:
+        valid = ", ".join(sorted(graph, key=int))
+        raise FtlError("schema_invalid", {"count": len(missing), "violations": [
+            {"path": f"tasks[seq={seq}].depends",
+             "message": f"task {seq} depends on {dep}, which is not in the plan (valid seqs: {valid})"}
+            for seq, dep in missing]})
+
+
+def migrate(conn: sqlite3.Connection) -> int:
+    """Bring the schema of ``conn`` up to `SCHEMA_VERSION` (``PRAGMA user_version``); return it.
+
+    Runs the missing `MIGRATIONS` in one ``BEGIN IMMEDIATE`` transaction, re-reading the version
+    under the lock so two processes opening a new file do not both create the tables. The
+    connection must be in autocommit mode (``isolation_level=None``).
+
+    Raises:
+        FtlError(conflict): the file was written by a newer ftl (a higher schema version).
+        sqlite3.Error: the file is unreadable (`Store` translates it).
+    """
+    def version() -> int:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def too_new(found: int) -> FtlError:
+        return FtlError("conflict", {"what": f"The store has schema version {found}, newer than this "
+                                             f"ftl supports ({SCHEMA_VERSION}); upgrade ftl."})
+
+    current = version()
+    if current > SCHEMA_VERSION:
+        raise too_new(current)
+    if current == SCHEMA_VERSION:
+        return current
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = version()
+        if current > SCHEMA_VERSION:
+            raise too_new(current)
+        for number in range(current + 1, SCHEMA_VERSION + 1):
+            for statement in MIGRATIONS[number - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {number}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return SCHEMA_VERSION
+
+
+class Store:
+    """Campaign state in SQLite, safe to share between threads and processes.
+
+    Args:
+        path: the database file; its parent directory is created.
+        clock: returns the current time (aware or naive-UTC ``datetime``); injected by tests.
+
+    Raises:
+        FtlError(conflict): the file is not a readable SQLite database, is newer than this ftl,
+            or cannot be created. Messages name the file relative to the repo (``.ftl/ftl.db``).
+    """
+
+    def __init__(self, path: Path, *, clock: Callable[[], datetime] | None = None) -> None:
+        self.path = Path(path)
+        self._label = f"{self.path.parent.name}/{self.path.name}" if self.path.parent.name else self.path.name
+        self._clock = clock or _utc_now
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise FtlError("conflict", {"what": f"Cannot create the store directory for {self._label} "
+                                                f"({exc.strerror or 'OS error'}); check permissions."}) from None
+        conn = None
+        try:
+            conn = sqlite3.connect(str(self.path), timeout=BUSY_TIMEOUT_MS / 1000,
+                                   isolation_level=None, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("store %s: journal_mode is %s, not wal", self._label, mode)
+            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute("PRAGMA foreign_keys = ON")
+            migrate(conn)
+        except FtlError:
+            if conn is not None:
+                conn.close()
+            raise
+        except sqlite3.Error as exc:
+            if conn is not None:
+                conn.close()
+            raise self._translate(exc) from None
+        self._conn = conn
+
+    @classmethod
+    def for_repo(cls, repo: Path, **kwargs: Any) -> "Store":
+        """The store of a repository: ``<repo>/.ftl/ftl.db`` (created if missing)."""
+        return cls(Path(repo) / ".ftl" / "ftl.db", **kwargs)
+
+    def close(self) -> None:
+        """Close the connection; later calls raise ``invalid_state``. Idempotent."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _now(self) -> str:
+        return format_ts(self._clock())
+
+    def _translate(self, exc: sqlite3.Error) -> FtlError:
+        """A sqlite3 error as a safe FtlError; internals go to the log under a correlation id."""
+        text = str(exc).lower()
+        if isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text):
+            return FtlError("lock_contention", {"resource": f"store {self._label}"},
+                            message=f"The store {self._label} is locked by another process "
+                                    f"(waited up to {BUSY_TIMEOUT_MS // 1000} s).")
+        if any(word in text for word in ("not a database", "malformed", "corrupt", "unable to open")):
+            log.error("store %s unreadable: %r", self.path, exc)
+            return FtlError("conflict", {"what": f"The store {self._label} is unreadable or corrupt. "
+                                                 "Move it aside (ftl creates a new one) or restore a backup."})
+        if isinstance(exc, sqlite3.IntegrityError):
+            log.error("store %s constraint: %r", self.path, exc)
+            return FtlError("conflict", {"what": "The change violates a store constraint; "
+                                                 "re-read the current state and try again."})
+        correlation_id = uuid.uuid4().hex[:12]
+        log.error("store %s error [%s]: %r", self.path, correlation_id, exc)
+        return FtlError("internal_error", {"correlation_id": correlation_id})
+
+    @contextmanager
+    def _session(self, write: bool = False) -> Iterator[sqlite3.Connection]:
+        """Hold the lock; for writes, wrap the body in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:
+                raise FtlError("invalid_state", {"trigger": "query", "state": "closed"},
+                               message="The store is closed.")
+            try:
+                if write:
+                    conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                if write:
+                    conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        log.exception("store %s: rollback failed", self.path)
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc) from None
+                raise
+
+    def integrity_check(self) -> str:
+        """``"ok"``, or the problems SQLite's integrity and foreign-key checks report, one per line."""
+        with self._session() as conn:
+            rows = [str(r[0]) for r in conn.execute("PRAGMA integrity_check")]
+            fk = [f"foreign key: {r[0]} row {r[1]} -> {r[2]}" for r in conn.execute("PRAGMA foreign_key_check")]
+        problems = [r for r in rows if r != "ok"] + fk
+        return "ok" if not problems else "\n".join(problems)
+
+    def schema_version(self) -> int:
+        """The file's ``PRAGMA user_version`` (equals `SCHEMA_VERSION` once opened)."""
+        with self._session() as conn:
+            return int(conn.execute("PRAGMA user_version").fetchone()[0])
+
+    # ------------------------------------------------------------------ campaigns
+
+    @staticmethod
+    def _campaign_dict(row: sqlite3.Row) -> dict:
+        return {
+            "campaign_id": row["campaign_id"], "id": row["campaign_id"], "objective": row["objective"],
+            "flow": row["flow"], "status": row["status"], "framework": row["framework"],
+            "machine_state": row["machine_state"], "tracked": _loads(row["tracked"]) or {},
+            "error": _loads(row["error"]), "inputs": _loads(row["inputs"]) or {},
+            "summary": _loads(row["summary"]), "created_at": row["created_at"],
+            "updated_at": row["updated_at"], "finished_at": row["finished_at"],
+        }
+
+    def _campaign_row(self, conn: sqlite3.Connection, campaign_id: str) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM campaign WHERE campaign_id = ?", (campaign_id,)).fetchone()
+        if row is None:
+            raise FtlError("not_found", {"what": f"campaign {campaign_id}"})
+        return row
+
+    def _active_row(self, conn: sqlite3.Connection, campaign_id: str, action: str) -> sqlite3.Row:
+        row = self._campaign_row(conn, campaign_id)
+        if row["status"] != "active":
+            raise FtlError("conflict", {"what": f"Cannot {action}: campaign {campaign_id} is "
+                                                f"{row['status']}, not active."})
+        return row
+
+    def _new_campaign_id(self, moment: datetime) -> str:
+        utc = moment.astimezone(timezone.utc) if moment.tzinfo else moment
+        return f"c-{utc:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+    def create_campaign(self, objective: str, *, flow: str = "campaign", plan: Plan | None = None,
+                        framework: str | None = None) -> dict:
+        """Create the active campaign; with ``plan``, also save it as plan version 1.
+
+        The id is ``c-YYYYMMDD-HHMMSS-xxxx`` (UTC time, 4 random hex digits), so ids sort by
+        creation time. ``framework`` defaults to the plan's.
+
+        Returns: the campaign dict (`get_campaign`).
+        Raises:
+            FtlError(conflict): another campaign is active (FTL allowed one active campaign but
+                crashed on the second create, §8.2 item 2; here the message names the active one).
+            FtlError(schema_invalid): empty objective or unknown flow (campaign|task).
+        """
+        if not objective or not objective.strip():
+            raise _violation("objective", "must be a non-empty string")
+        if flow not in FLOWS:
+            raise _violation("flow", f"must be one of {', '.join(FLOWS)}, got {flow!r}")
+        if framework is None and plan is not None:
+            framework = plan.framework
+        with self._session(write=True) as conn:
+            active = conn.execute("SELECT campaign_id FROM campaign WHERE status = 'active'").fetchone()
+            if active is not None:
+                raise FtlError("conflict", {"what": f"Campaign {active[0]} is still active; finish or "
+                                                    "cancel it before starting another."})
+            moment = self._clock()
+            now = format_ts(moment)
+            for _ in range(8):  # random suffix collision within one second: draw again
+                campaign_id = self._new_campaign_id(moment)
+                if conn.execute("SELECT 1 FROM campaign WHERE campaign_id = ?", (campaign_id,)).fetchone() is None:
+                    break
+            conn.execute(
+                "INSERT INTO campaign (campaign_id, objective, flow, status, framework, tracked, "
+                "created_at, updated_at) VALUES (?, ?, ?, 'active', ?, '{}', ?, ?)",
+                (campaign_id, objective, flow, framework, now, now))
+            if plan is not None:
+                self._insert_plan(conn, campaign_id, plan, now)
+            return self._campaign_dict(self._campaign_row(conn, campaign_id))
+
+    def get_campaign(self, campaign_id: str) -> dict:
+        """The campaign dict: ``{campaign_id, id (= campaign_id), objective, flow, status,
+        framework, machine_state, tracked, error, inputs, summary, created_at, updated_at,
+        finished_at}``.
+
+        Raises: FtlError(not_found) ``{"what": "campaign <id>"}``.
+        """
+        with self._session() as conn:
+            return self._campaign_dict(self._campaign_row(conn, campaign_id))
+
+    def active_campaign(self) -> dict | None:
+        """The campaign with status ``active``, or None."""
+        with self._session() as conn:
+            row = conn.execute("SELECT * FROM campaign WHERE status = 'active'").fetchone()
+        return None if row is None else self._campaign_dict(row)
+
+    def latest_campaign(self) -> dict | None:
+        """The newest campaign of any status, or None."""
+        found = self.list_campaigns()
+        return found[0] if found else None
+
+    def list_campaigns(self, status: str | None = None) -> list[dict]:
+        """Campaigns, newest first, optionally only those with ``status``.
+
+        Raises: FtlError(schema_invalid) for a status outside active|complete|returned|cancelled.
+        """
+        if status is not None and status not in CAMPAIGN_STATUSES:
+            raise _violation("status", f"must be one of {', '.join(CAMPAIGN_STATUSES)}, got {status!r}")
+        query = "SELECT * FROM campaign"
+        args: tuple = ()
+        if status is not None:
+            query += " WHERE status = ?"
+            args = (status,)
+        with self._session() as conn:
+            rows = conn.execute(query + " ORDER BY created_at DESC, rowid DESC", args).fetchall()
+        return [self._campaign_dict(r) for r in rows]
+
+    def save_machine(self, campaign_id: str, state: str, tracked: dict, *,
+                     error: dict | None = None) -> None:
+        """Persist the machine's current state, tracked variables (clarify_count,
+        iteration_count, prior_ready_count, replan_count, ...) and pending error in one write
+        (FTL kept them only in the model's context, §8.3 item 1). ``tracked`` and ``error``
+        (``{error_type, details}`` or None) replace the previous values.
+
+        Raises: FtlError(not_found); FtlError(schema_invalid) when either is not a JSON object.
+        """
+        if not isinstance(tracked, dict):
+            raise _violation("tracked", "must be a JSON object")
+        if error is not None and not isinstance(error, dict):
+            raise _violation("error", "must be a JSON object or None")
+        encoded = _dumps(tracked, "tracked")
+        encoded_error = None if error is None else _dumps(error, "error")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("UPDATE campaign SET machine_state = ?, tracked = ?, error = ?, updated_at = ? "
+                         "WHERE campaign_id = ?", (state, encoded, encoded_error, self._now(), campaign_id))
+
+    def save_inputs(self, campaign_id: str, inputs: dict) -> None:
+        """Keep what the run was started with (e.g. ``{plan_input, revised_plan_input}``) so a
+        resume can rebuild it; replaces the previous dict.
+
+        Raises: FtlError(not_found); FtlError(schema_invalid) when ``inputs`` is not a JSON object.
+        """
+        if not isinstance(inputs, dict):
+            raise _violation("inputs", "must be a JSON object")
+        encoded = _dumps(inputs, "inputs")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("UPDATE campaign SET inputs = ?, updated_at = ? WHERE campaign_id = ?",
+                         (encoded, self._now(), campaign_id))
+
+    def set_framework(self, campaign_id: str, framework: str | None) -> None:
+        """Set the campaign's framework (from exploration or the plan). Raises: FtlError(not_found)."""
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("UPDATE campaign SET framework = ?, updated_at = ? WHERE campaign_id = ?",
+                         (framework, self._now(), campaign_id))
+
+    def finish_campaign(self, campaign_id: str, status: str, summary: dict) -> dict:
+        """End the active campaign with ``status`` complete|returned|cancelled and its summary.
+
+        The row is the archive: it leaves the active slot and keeps its tasks, plans and summary
+        (FTL copied it to an ``archive`` table, §5.6). Returns the campaign dict.
+
+        Raises:
+            FtlError(schema_invalid): unknown status or a summary that is not a JSON object.
+            FtlError(not_found): unknown campaign.
+            FtlError(invalid_state): the campaign is already finished.
+        """
+        if status not in FINISHED_STATUSES:
+            raise _violation("status", f"must be one of {', '.join(FINISHED_STATUSES)}, got {status!r}")
+        if not isinstance(summary, dict):
+            raise _violation("summary", "must be a JSON object")
+        encoded = _dumps(summary, "summary")
+        with self._session(write=True) as conn:
+            row = self._campaign_row(conn, campaign_id)
+            if row["status"] != "active":
+                raise FtlError("invalid_state", {"trigger": f"finish:{status}", "state": row["status"]})
+            now = self._now()
+            conn.execute("UPDATE campaign SET status = ?, summary = ?, finished_at = ?, updated_at = ? "
+                         "WHERE campaign_id = ?", (status, encoded, now, now, campaign_id))
+            return self._campaign_dict(self._campaign_row(conn, campaign_id))
+
+    # ------------------------------------------------------------------ plans
+
+    def _insert_plan(self, conn: sqlite3.Connection, campaign_id: str, plan: Plan, now: str) -> int:
+        last = conn.execute("SELECT MAX(version) FROM plan WHERE campaign_id = ?", (campaign_id,)).fetchone()[0]
+        version = (last or 0) + 1
+        conn.execute("INSERT INTO plan (campaign_id, version, plan, created_at) VALUES (?, ?, ?, ?)",
+                     (campaign_id, version, plan.model_dump_json(by_alias=True), now))
+        return version
+
+    def _latest_plan(self, conn: sqlite3.Connection, campaign_id: str) -> Plan | None:
+        row = conn.execute("SELECT plan FROM plan WHERE campaign_id = ? ORDER BY version DESC LIMIT 1",
+                           (campaign_id,)).fetchone()
+        return None if row is None else Plan.model_validate_json(row[0])
+
+    def save_plan(self, campaign_id: str, plan: Plan) -> int:
+        """Save ``plan`` as the campaign's next plan version; return it (1, 2, ...).
+
+        Raises: FtlError(not_found) for an unknown campaign.
+        """
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            return self._insert_plan(conn, campaign_id, plan, self._now())
+
+    def get_plan(self, campaign_id: str, version: int | None = None) -> Plan:
+        """Plan ``version`` of the campaign (the latest by default).
+
+        Raises: FtlError(not_found) naming the campaign or the missing version.
+        """
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            if version is None:
+                row = conn.execute("SELECT plan FROM plan WHERE campaign_id = ? ORDER BY version DESC "
+                                   "LIMIT 1", (campaign_id,)).fetchone()
+            else:
+                row = conn.execute("SELECT plan FROM plan WHERE campaign_id = ? AND version = ?",
+                                   (campaign_id, version)).fetchone()
+        if row is None:
+            what = "any plan" if version is None else f"plan version {version}"
+            raise FtlError("not_found", {"what": f"{what} of campaign {campaign_id}"})
+        return Plan.model_validate_json(row[0])
+
+    def plan_versions(self, campaign_id: str) -> list[int]:
+        """The campaign's saved plan versions, ascending."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            return [r[0] for r in conn.execute(
+                "SELECT version FROM plan WHERE campaign_id = ? ORDER BY version", (campaign_id,))]
+
+    # ------------------------------------------------------------------ tasks
+
+    @staticmethod
+    def _task_dict(row: sqlite3.Row) -> dict:
+        return {
+            "seq": row["seq"], "slug": row["slug"], "type": row["type"],
+            "depends": _loads(row["depends"]), "status": row["status"], "attempts": row["attempts"],
+            "blocked_by": _loads(row["blocked_by"]), "block_reason": row["block_reason"],
+            "delivered": row["delivered"], "spec": _loads(row["spec"]),
+            "started_at": row["started_at"], "finished_at": row["finished_at"],
+            "updated_at": row["updated_at"], "revised_at": row["revised_at"], "worker": row["worker"],
+        }
+
+    @staticmethod
+    def _task_rows(conn: sqlite3.Connection, campaign_id: str) -> list[sqlite3.Row]:
+        return conn.execute("SELECT * FROM task WHERE campaign_id = ? ORDER BY CAST(seq AS INTEGER)",
+                            (campaign_id,)).fetchall()
+
+    def _task_row(self, conn: sqlite3.Connection, campaign_id: str, seq: str) -> sqlite3.Row:
+        row = conn.execute("SELECT * FROM task WHERE campaign_id = ? AND seq = ?",
+                           (campaign_id, seq)).fetchone()
+        if row is None:
+            self._campaign_row(conn, campaign_id)
+            raise FtlError("not_found", {"what": f"task {seq} of campaign {campaign_id}"})
+        return row
+
+    @staticmethod
+    def _insert_task(conn: sqlite3.Connection, campaign_id: str, task: Task, now: str) -> None:
+        conn.execute(
+            "INSERT INTO task (campaign_id, seq, slug, type, depends, status, spec, updated_at) "
+            "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
+            (campaign_id, task.seq, task.slug, task.type.value, _dumps(task.depends, "depends"),
+             task.model_dump_json(), now))
+
+    def add_tasks(self, campaign_id: str, plan: Plan) -> list[str]:
+        """Register the plan's tasks as pending rows (REGISTER); return their seqs in seq order.
+
+        The plan is saved as a new version unless it equals the latest saved one, and becomes the
+        campaign's framework if the campaign has none. Unlike FTL add-tasks, which replaced the
+        task list and so reset progress (§8.2 item 12), a second call is refused.
+
+        Raises:
+            FtlError(conflict): the campaign already has tasks, or is not active.
+            FtlError(schema_invalid): duplicate seqs or dangling dependencies (nothing saved).
+            FtlError(cycle_detected): the dependencies form a cycle (nothing saved).
+            FtlError(not_found): unknown campaign.
+        """
+        check_plan_graph(plan.tasks)
+        with self._session(write=True) as conn:
+            campaign = self._active_row(conn, campaign_id, "add tasks")
+            count = conn.execute("SELECT COUNT(*) FROM task WHERE campaign_id = ?", (campaign_id,)).fetchone()[0]
+            if count:
+                raise FtlError("conflict", {"what": f"Campaign {campaign_id} already has {count} tasks; "
+                                                    "change them with a re-plan merge, not add-tasks."})
+            now = self._now()
+            if self._latest_plan(conn, campaign_id) != plan:
+                self._insert_plan(conn, campaign_id, plan, now)
+            if campaign["framework"] is None and plan.framework is not None:
+                conn.execute("UPDATE campaign SET framework = ?, updated_at = ? WHERE campaign_id = ?",
+                             (plan.framework, now, campaign_id))
+            for task in plan.tasks:
+                self._insert_task(conn, campaign_id, task, now)
+        return sorted((t.seq for t in plan.tasks), key=int)
+
+    def tasks(self, campaign_id: str) -> list[dict]:
+        """All task dicts of the campaign in seq order: ``{seq, slug, type, depends, status,
+        attempts, blocked_by, block_reason, delivered, spec, started_at, finished_at, updated_at,
+        revised_at, worker}`` (``spec`` is the Task as JSON). Raises: FtlError(not_found)."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
+
+    def task(self, campaign_id: str, seq: str) -> dict:
+        """One task dict (see `tasks`). Raises: FtlError(not_found) for the campaign or seq."""
+        wanted = _seq(seq)
+        with self._session() as conn:
+            return self._task_dict(self._task_row(conn, campaign_id, wanted))
+
+    def counts(self, campaign_id: str) -> dict[str, int]:
+        """Number of tasks per status: ``{pending, running, complete, blocked, total}``."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            rows = conn.execute("SELECT status, COUNT(*) FROM task WHERE campaign_id = ? GROUP BY status",
+                                (campaign_id,)).fetchall()
+        result = {s.value: 0 for s in TaskStatus}
+        result.update({r[0]: r[1] for r in rows})
+        result["total"] = sum(r[1] for r in rows)
+        return result
+
+    def transition_task(self, campaign_id: str, seq: str, to: TaskStatus | str, *,
+                        reason: str | None = None, blocked_by: list[str] | None = None,
+                        delivered: str | None = None, worker: str | None = None) -> dict:
+        """Move one task along a legal transition (`TRANSITIONS`) atomically; return the new dict.
+
+        Effects: pending->running increments ``attempts``, sets ``started_at`` and ``worker`` and
+        needs every dependency complete; ->complete and ->blocked set ``finished_at`` and
+        ``delivered``; ->blocked records ``reason`` as ``block_reason`` and ``blocked_by``
+        (canonical seqs); blocked->pending (``reason="replan"``) clears the block;
+        running->pending (``reason="resume"``) clears the worker. The read and the write share
+        one BEGIN IMMEDIATE transaction, so of two processes starting the same task exactly one
+        succeeds.
+
+        Raises:
+            FtlError(invalid_state): ``{"trigger": "<from>-><to>", "state": "<from>"}`` for an
+                illegal transition, a missing required reason, an unknown target status, or a
+                start whose dependencies are not all complete.
+            FtlError(not_found): unknown campaign or seq.
+            FtlError(schema_invalid): a ``blocked_by`` entry that is not a seq.
+        """
+        wanted = _seq(seq)
+        parents = [_seq(s, "blocked_by") for s in blocked_by or []]
+        with self._session(write=True) as conn:
+            row = self._task_row(conn, campaign_id, wanted)
+            current = TaskStatus(row["status"])
+            target_text = to.value if isinstance(to, TaskStatus) else str(to)
+            trigger = {"trigger": f"{current.value}->{target_text}", "state": current.value}
+            try:
+                target = TaskStatus(target_text)
+            except ValueError:
+                raise FtlError("invalid_state", trigger) from None
+            if (current, target) not in TRANSITIONS:
+                raise FtlError("invalid_state", trigger)
+            needed = TRANSITIONS[(current, target)]
+            if needed is not None and reason != needed:
+                raise FtlError("invalid_state", trigger, message=(
+                    f"Task {wanted} may go {current.value} -> {target.value} only with reason "
+                    f"'{needed}'."))
+            now = self._now()
+            if target is _R:
+                deps = _loads(row["depends"])
+                open_deps = [d for d in deps if (conn.execute(
+                    "SELECT status FROM task WHERE campaign_id = ? AND seq = ?", (campaign_id, d)).fetchone()
+                    or ["missing"])[0] != "complete"]
+                if open_deps:
+                    raise FtlError("invalid_state", trigger, message=(
+                        f"Task {wanted} cannot start: dependencies {', '.join(open_deps)} are not complete."))
+                conn.execute("UPDATE task SET status = 'running', attempts = attempts + 1, started_at = ?, "
+                             "finished_at = NULL, worker = ?, blocked_by = '[]', block_reason = NULL, "
+                             "delivered = NULL, updated_at = ? WHERE campaign_id = ? AND seq = ?",
+                             (now, worker, now, campaign_id, wanted))
+            elif target is _C:
+                conn.execute("UPDATE task SET status = 'complete', finished_at = ?, delivered = ?, "
+                             "updated_at = ? WHERE campaign_id = ? AND seq = ?",
+                             (now, delivered, now, campaign_id, wanted))
+            elif target is _B:
+                conn.execute("UPDATE task SET status = 'blocked', finished_at = ?, delivered = ?, "
+                             "block_reason = ?, blocked_by = ?, updated_at = ? WHERE campaign_id = ? AND seq = ?",
+                             (now, delivered, reason, _dumps(parents, "blocked_by"), now, campaign_id, wanted))
+            elif current is _B:  # replan
+                conn.execute("UPDATE task SET status = 'pending', blocked_by = '[]', block_reason = NULL, "
+                             "finished_at = NULL, delivered = NULL, updated_at = ? "
+                             "WHERE campaign_id = ? AND seq = ?", (now, campaign_id, wanted))
+            else:  # resume
+                conn.execute("UPDATE task SET status = 'pending', worker = NULL, started_at = NULL, "
+                             "updated_at = ? WHERE campaign_id = ? AND seq = ?", (now, campaign_id, wanted))
+            return self._task_dict(self._task_row(conn, campaign_id, wanted))
+
+    def reset_running(self, campaign_id: str) -> list[str]:
+        """Resume after a crash: every running task goes back to pending (``reason="resume"``) and
+        every still-active workspace of the campaign becomes ``abandoned``, in one transaction.
+        ``built`` workspaces are kept, so the resumed attempt can verify instead of rebuilding.
+
+        Returns: the seqs that were running, in seq order. Raises: FtlError(not_found).
+        """
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            seqs = [r[0] for r in conn.execute(
+                "SELECT seq FROM task WHERE campaign_id = ? AND status = 'running' ORDER BY CAST(seq AS INTEGER)",
+                (campaign_id,))]
+            now = self._now()
+            conn.execute("UPDATE task SET status = 'pending', worker = NULL, started_at = NULL, updated_at = ? "
+                         "WHERE campaign_id = ? AND status = 'running'", (now, campaign_id))
+            conn.execute("UPDATE workspace SET status = 'abandoned', finished_at = ?, result = ? "
+                         "WHERE campaign_id = ? AND status = 'active'",
+                         (now, _dumps({"reason": "resume"}, "result"), campaign_id))
+        return seqs
+
+    def merge_revised_plan(self, campaign_id: str, revised: Plan, *, max_new_tasks: int) -> dict:
+        """Merge a re-plan into the campaign's tasks and save the result as a new plan version.
+
+        Rules (FTL merge-revised-plan §6.8, with §8.2 item 8 fixed): complete and running tasks
+        never change; a blocked task present in the revision takes its revised spec (every field)
+        and becomes pending; a pending task present in the revision takes the revised spec (counted
+        as merged only if it differs); tasks absent from the revision are unchanged; seqs new to
+        the campaign are added as pending, at most ``max_new_tasks`` (config
+        ``max_replan_new_tasks``). The merged graph is checked before anything is written. The
+        saved plan has the revision's header (objective, framework, idioms) and the merged tasks
+        (existing in seq order, then new ones in revision order).
+
+        Returns: ``{"merged": n, "unchanged": m, "added": k, "plan_version": v}``.
+        Raises:
+            FtlError(schema_invalid): too many new tasks, duplicate seqs in the revision, or a
+                dependency on a seq that is in neither (nothing saved).
+            FtlError(cycle_detected): the merged graph has a cycle (nothing saved).
+            FtlError(conflict): the campaign is not active or has no tasks yet.
+            FtlError(not_found): unknown campaign.
+        """
+        by_seq: dict[str, Task] = {}
+        for task in revised.tasks:
+            if task.seq in by_seq:
+                raise _violation(f"tasks[seq={task.seq}].seq", f"seq {task.seq} is used by more than one task")
+            by_seq[task.seq] = task
+        with self._session(write=True) as conn:
+            self._active_row(conn, campaign_id, "merge a revised plan")
+            rows = self._task_rows(conn, campaign_id)
+            if not rows:
+                raise FtlError("conflict", {"what": f"Campaign {campaign_id} has no tasks to merge into; "
+                                                    "register the plan first."})
+            merged_tasks: list[Task] = []
+            reopened: list[tuple[Task, bool]] = []  # (revised task, was blocked)
+            unchanged = 0
+            for row in rows:
+                current = Task.model_validate_json(row["spec"])
+                new = by_seq.get(row["seq"])
+                status = TaskStatus(row["status"])
+                if new is None or status in (_C, _R) or (status is _P and new == current):
+                    unchanged += 1
+                    merged_tasks.append(current)
+                    continue
+                reopened.append((new, status is _B))
+                merged_tasks.append(new)
+            existing = {row["seq"] for row in rows}
+            added = [t for t in revised.tasks if t.seq not in existing]
+            if len(added) > max_new_tasks:
+                raise _violation("tasks", f"the revision adds {len(added)} new tasks; the limit is "
+                                          f"{max_new_tasks} (max_replan_new_tasks)")
+            merged_tasks.extend(added)
+            check_plan_graph(merged_tasks)
+            now = self._now()
+            version = self._insert_plan(conn, campaign_id, revised.model_copy(update={"tasks": merged_tasks}), now)
+            for task, was_blocked in reopened:
+                clear = ", finished_at = NULL, delivered = NULL" if was_blocked else ""
+                conn.execute(
+                    "UPDATE task SET slug = ?, type = ?, depends = ?, spec = ?, status = 'pending', "
+                    f"blocked_by = '[]', block_reason = NULL{clear}, revised_at = ?, updated_at = ? "
+                    "WHERE campaign_id = ? AND seq = ?",
+                    (task.slug, task.type.value, _dumps(task.depends, "depends"), task.model_dump_json(),
+                     now, now, campaign_id, task.seq))
+            for task in added:
+                self._insert_task(conn, campaign_id, task, now)
+        return {"merged": len(reopened), "unchanged": unchanged, "added": len(added), "plan_version": version}
+
+    # ------------------------------------------------------------------ workspaces
+
+    @staticmethod
+    def _workspace_dict(row: sqlite3.Row) -> dict:
+        return {
+            "campaign_id": row["campaign_id"], "workspace_id": row["workspace_id"], "seq": row["seq"],
+            "attempt": row["attempt"], "status": row["status"], "spec": _loads(row["spec"]),
+            "result": _loads(row["result"]), "created_at": row["created_at"],
+            "finished_at": row["finished_at"],
+        }
+
+    def record_workspace(self, campaign_id: str, workspace: dict) -> None:
+        """Record one attempt's workspace as ``active``. ``workspace`` needs ``workspace_id``,
+        ``seq`` and ``attempt`` (int >= 1); the whole dict is kept as ``spec``. Ids are unique per
+        campaign and attempt (FTL's were global and re-used across attempts, §8.2 item 14).
+
+        Raises:
+            FtlError(schema_invalid): a required key is missing or malformed.
+            FtlError(conflict): this (workspace_id, attempt) is already recorded.
+            FtlError(not_found): unknown campaign.
+        """
+        if not isinstance(workspace, dict):
+            raise _violation("workspace", "must be a JSON object")
+        workspace_id = workspace.get("workspace_id")
+        if not isinstance(workspace_id, str) or not workspace_id:
+            raise _violation("workspace.workspace_id", "must be a non-empty string")
+        if "seq" not in workspace:
+            raise _violation("workspace.seq", "is required")
+        seq = _seq(workspace["seq"], "workspace.seq")
+        attempt = workspace.get("attempt")
+        if isinstance(attempt, bool) or not isinstance(attempt, int) or attempt < 1:
+            raise _violation("workspace.attempt", "must be an integer >= 1")
+        status = workspace.get("status", "active")
+        if status != "active":
+            raise _violation("workspace.status", f"a new workspace is 'active', got {status!r}")
+        spec = {k: v for k, v in workspace.items() if k != "status"}
+        encoded = _dumps(spec, "workspace")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            if conn.execute("SELECT 1 FROM workspace WHERE campaign_id = ? AND workspace_id = ? AND attempt = ?",
+                            (campaign_id, workspace_id, attempt)).fetchone():
+                raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
+                                                    f"{campaign_id} is already recorded."})
+            conn.execute("INSERT INTO workspace (campaign_id, workspace_id, seq, attempt, status, spec, "
+                         "created_at) VALUES (?, ?, ?, ?, 'active', ?, ?)",
+                         (campaign_id, workspace_id, seq, attempt, encoded, self._now()))
+
+    def finish_workspace(self, campaign_id: str, workspace_id: str, attempt: int, status: str,
+                         result: dict) -> None:
+        """Move a workspace attempt along `WORKSPACE_TRANSITIONS` and store its ``result``
+        (build/verify outcome): ``built`` checkpoints a finished build before verify; complete,
+        blocked, cancelled and abandoned end the attempt. FTL accepted any order (§5.3).
+
+        Raises:
+            FtlError(schema_invalid): unknown status or non-JSON result.
+            FtlError(not_found): unknown campaign or workspace attempt.
+            FtlError(invalid_state): ``{"trigger": "<from>-><to>", "state": "<from>"}`` when the
+                attempt already ended (or is already built and ``status`` is built).
+        """
+        allowed = ("built",) + WORKSPACE_END_STATUSES
+        if status not in allowed:
+            raise _violation("status", f"must be one of {', '.join(allowed)}, got {status!r}")
+        encoded = _dumps(result, "result")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            row = conn.execute("SELECT status FROM workspace WHERE campaign_id = ? AND workspace_id = ? "
+                               "AND attempt = ?", (campaign_id, workspace_id, attempt)).fetchone()
+            if row is None:
+                raise FtlError("not_found", {"what": f"workspace {workspace_id} attempt {attempt} of "
+                                                     f"campaign {campaign_id}"})
+            if status not in WORKSPACE_TRANSITIONS.get(row[0], ()):
+                raise FtlError("invalid_state", {"trigger": f"{row[0]}->{status}", "state": row[0]})
+            conn.execute("UPDATE workspace SET status = ?, result = ?, finished_at = ? WHERE campaign_id = ? "
+                         "AND workspace_id = ? AND attempt = ?",
+                         (status, encoded, self._now(), campaign_id, workspace_id, attempt))
+
+    def workspaces(self, campaign_id: str, seq: str | None = None) -> list[dict]:
+        """Workspace attempts ``{campaign_id, workspace_id, seq, attempt, status, spec, result,
+        created_at, finished_at}`` in seq then attempt order, optionally for one seq."""
+        query = "SELECT * FROM workspace WHERE campaign_id = ?"
+        args: tuple = (campaign_id,)
+        if seq is not None:
+            query += " AND seq = ?"
+            args += (_seq(seq),)
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            rows = conn.execute(query + " ORDER BY CAST(seq AS INTEGER), attempt, workspace_id", args).fetchall()
+        return [self._workspace_dict(r) for r in rows]
+
+    # ------------------------------------------------------------------ exploration
+
+    def record_explorer_result(self, campaign_id: str, mode: str, result: dict) -> None:
+        """Keep one explorer's raw result (FTL explorer_result row, §5.5); duplicates are kept and
+        resolved by aggregation. Raises: FtlError(schema_invalid) for an unknown mode or non-JSON
+        result; FtlError(not_found)."""
+        try:
+            mode = ExplorerMode(mode).value
+        except ValueError:
+            raise _violation("mode", f"must be one of {', '.join(m.value for m in ExplorerMode)}, "
+                                     f"got {mode!r}") from None
+        if not isinstance(result, dict):
+            raise _violation("result", "must be a JSON object")
+        encoded = _dumps(result, "result")
+        status = result.get("status")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("INSERT INTO explorer_result (campaign_id, mode, status, result, created_at) "
+                         "VALUES (?, ?, ?, ?, ?)",
+                         (campaign_id, mode, status if isinstance(status, str) else None, encoded, self._now()))
+
+    def explorer_results(self, campaign_id: str) -> list[dict]:
+        """The campaign's explorer results, oldest first: ``{mode, status, result, created_at}``."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            rows = conn.execute("SELECT mode, status, result, created_at FROM explorer_result "
+                                "WHERE campaign_id = ? ORDER BY id", (campaign_id,)).fetchall()
+        return [{"mode": r[0], "status": r[1], "result": _loads(r[2]), "created_at": r[3]} for r in rows]
+
+    def save_exploration(self, campaign_id: str, exploration: dict) -> None:
+        """Save an aggregated exploration (FTL exploration row: ``{_meta, structure, pattern,
+        memory, delta}``). Raises: FtlError(schema_invalid) for non-JSON; FtlError(not_found)."""
+        if not isinstance(exploration, dict):
+            raise _violation("exploration", "must be a JSON object")
+        encoded = _dumps(exploration, "exploration")
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
+                         (campaign_id, encoded, self._now()))
+
+    def exploration(self, campaign_id: str | None = None) -> dict | None:
+        """The newest exploration of ``campaign_id`` (or of any campaign when None), or None."""
+        with self._session() as conn:
+            if campaign_id is None:
+                row = conn.execute("SELECT exploration FROM exploration ORDER BY id DESC LIMIT 1").fetchone()
+            else:
+                row = conn.execute("SELECT exploration FROM exploration WHERE campaign_id = ? "
+                                   "ORDER BY id DESC LIMIT 1", (campaign_id,)).fetchone()
+        return None if row is None else _loads(row[0])
+
+    # ------------------------------------------------------------------ memory
+
+    @staticmethod
+    def _memory_dict(row: sqlite3.Row) -> dict:
+        entry = _loads(row["entry"]) or {}
+        entry.update({"name": row["name"], "type": row["type"], "trigger": row["trigger"],
+                      "source": _loads(row["source"]), "campaign_id": row["campaign_id"],
+                      "occurrences": row["occurrences"], "created_at": row["created_at"],
+                      "updated_at": row["updated_at"]})
+        return entry
+
+    def add_memory(self, entry: dict) -> dict:
+        """Add a failure or success pattern (FTL memory, simplified: no embeddings or graph).
+
+        ``entry``: ``{name, type: failure|pattern, trigger, fix (failure) | insight (pattern),
+        source: [..], campaign_id, ...}``; extra keys are kept. An entry with the same
+        ``(name, type)`` is not duplicated: its ``occurrences`` goes up by one and the sources are
+        united; the first text is kept. Returns the stored dict with ``occurrences``,
+        ``created_at``, ``updated_at``.
+
+        Raises: FtlError(schema_invalid) naming the missing or malformed key.
+        """
+        if not isinstance(entry, dict):
+            raise _violation("memory", "must be a JSON object")
+        name, kind, trigger = entry.get("name"), entry.get("type"), entry.get("trigger")
+        if not isinstance(name, str) or not name.strip():
+            raise _violation("memory.name", "must be a non-empty string")
+        if kind not in MEMORY_TYPES:
+            raise _violation("memory.type", f"must be one of {', '.join(MEMORY_TYPES)}, got {kind!r}")
+        if not isinstance(trigger, str) or not trigger.strip():
+            raise _violation("memory.trigger", "must be a non-empty string")
+        text_key = "fix" if kind == "failure" else "insight"
+        if not isinstance(entry.get(text_key), str):
+            raise _violation(f"memory.{text_key}", f"a {kind} entry needs a {text_key} string")
+        source = entry.get("source") or []
+        if isinstance(source, str):
+            source = [source]
+        if not isinstance(source, list):
+            raise _violation("memory.source", "must be a list of strings")
+        body = {k: v for k, v in entry.items() if k not in ("name", "type", "trigger", "source",
+                                                            "campaign_id", "occurrences",
+                                                            "created_at", "updated_at")}
+        encoded = _dumps(body, "memory")
+        with self._session(write=True) as conn:
+            now = self._now()
+            row = conn.execute("SELECT * FROM memory WHERE name = ? AND type = ?", (name, kind)).fetchone()
+            if row is None:
+                conn.execute("INSERT INTO memory (name, type, trigger, entry, source, campaign_id, "
+                             "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (name, kind, trigger, encoded, _dumps(source, "memory.source"),
+                              entry.get("campaign_id"), now, now))
+            else:
+                merged = list(_loads(row["source"]) or [])
+                merged += [s for s in source if s not in merged]
+                conn.execute("UPDATE memory SET occurrences = occurrences + 1, source = ?, updated_at = ? "
+                             "WHERE id = ?", (_dumps(merged, "memory.source"), now, row["id"]))
+            row = conn.execute("SELECT * FROM memory WHERE name = ? AND type = ?", (name, kind)).fetchone()
+            return self._memory_dict(row)
+
+    def memory(self, type: str | None = None, limit: int = 50) -> list[dict]:
+        """Memory entries, most frequent first (then most recently seen), at most ``limit``.
+
+        Raises: FtlError(schema_invalid) for an unknown type or a negative limit.
+        """
+        if type is not None and type not in MEMORY_TYPES:
+            raise _violation("type", f"must be one of {', '.join(MEMORY_TYPES)}, got {type!r}")
+        if limit < 0:
+            raise _violation("limit", "must be >= 0")
+        query = "SELECT * FROM memory"
+        args: tuple = ()
+        if type is not None:
+            query += " WHERE type = ?"
+            args = (type,)
+        with self._session() as conn:
+            rows = conn.execute(query + " ORDER BY occurrences DESC, updated_at DESC, id DESC LIMIT ?",
+                                args + (limit,)).fetchall()
+        return [self._memory_dict(r) for r in rows]
+

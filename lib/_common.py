@@ -1,0 +1,450 @@
+"""Shared plumbing of ftl's FTL-compatible scripts (lib/campaign.py, workspace.py, plan.py,
+exploration.py, orchestration.py): the click group with ``--repo``, the one-envelope output
+rule, input parsing, and store-only helpers the scripts share.
+
+Output contract (every script, every command):
+
+* stdout carries exactly one JSON object, the response-v2 envelope of `ftl.envelope`
+  (``success``, ``data``, ``error``, ``meta.version == "response-v2"``), on one line. Only
+  ``--help`` prints text.
+* ``data`` carries FTL's payload shape (``shared/reference/ftl-behaviour.md`` §4): where FTL
+  printed a JSON object, that object is ``data``; where FTL printed an array, ``data`` is
+  ``{"items": [...]}`` (an envelope's data is always an object); where FTL printed ``null``,
+  ``data`` is ``{}``. Keys ftl adds to FTL's objects are listed in each command's help.
+* Failures are ``success: false`` envelopes rendered from the error registry (`ftl.errors`):
+  ``data.error_code``, ``data.error_type``, ``data.details``, ``data.remediation``. Click's own
+  usage errors (unknown option, missing argument, bad value) become ``schema_invalid``
+  envelopes too. No traceback ever reaches stdout or stderr: an unexpected exception prints
+  `ftl.envelope.internal_failure` and its traceback goes to ``<repo>/.ftl/lib.log`` under the
+  correlation id.
+
+Exit codes: 0 success; 2 the request was refused (bad input, unknown campaign/seq/plan/
+workspace, illegal status transition, conflict with the current state); 1 internal error or a
+transient failure worth retrying (the store was locked for longer than its busy timeout);
+130 interrupted. FTL exited 1 with a traceback for most of these (§4 conventions).
+
+Running a script: ``python lib/<script>.py [--repo DIR] COMMAND ...``. The repository root
+(the parent of ``lib/``) is put first on ``sys.path``, so the scripts use the ``ftl`` package
+beside them whether or not it is installed.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import hashlib  # noqa: E402 - after the sys.path setup on purpose
+import json  # noqa: E402
+import logging  # noqa: E402
+import re  # noqa: E402
+import uuid  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any, Callable, NoReturn  # noqa: E402
+
+import click  # noqa: E402
+
+from ftl import envelope  # noqa: E402
+from ftl.errors import FtlError  # noqa: E402
+from ftl.models import normalize_seq  # noqa: E402
+
+__all__ = [
+    "EXIT_OK", "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_INTERRUPTED", "Reply", "Env", "script_group",
+    "run", "wrap", "exit_code_for", "parse_json_text", "read_stdin_json", "parse_json_option",
+    "violation", "no_active_campaign", "campaign_entry", "replan_input", "fingerprint",
+    "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command",
+]
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_REFUSED = 2
+EXIT_INTERRUPTED = 130
+
+#: FTL's status names accepted on input, mapped to the store's (FTL in_progress = ftl running).
+TASK_STATUS_ALIASES = {"in_progress": "running"}
+
+log = logging.getLogger("ftl.lib")
+# Until a repo log is attached, ftl's loggers must stay silent: logging's last-resort handler
+# would print records (and tracebacks) on stderr.
+logging.getLogger("ftl").addHandler(logging.NullHandler())
+logging.raiseExceptions = False
+
+
+# --------------------------------------------------------------------------- output
+
+@dataclass
+class Reply:
+    """A command's result: the envelope's ``data`` object, warnings, and the exit code."""
+
+    data: dict[str, Any]
+    warnings: list[envelope.Warning] = field(default_factory=list)
+    exit_code: int = EXIT_OK
+
+
+def wrap(value: Any) -> dict[str, Any]:
+    """FTL payload -> envelope data: objects as they are, arrays as ``{"items": [...]}``,
+    ``null`` as ``{}`` (see the module docstring)."""
+    if value is None:
+        return {}
+    if isinstance(value, list):
+        return {"items": value}
+    if isinstance(value, dict):
+        return value
+    return {"value": value}
+
+
+def exit_code_for(error: FtlError) -> int:
+    """2 for a refused request; 1 for an internal error or a transient (retryable) failure."""
+    if error.error_type == "internal_error" or error.transient:
+        return EXIT_INTERNAL
+    return EXIT_REFUSED
+
+
+def _print(payload: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(payload, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def violation(path: str, message: str, fix: str) -> FtlError:
+    """A one-violation ``schema_invalid`` error (``details.violations[0] = {path, message, fix}``)."""
+    return FtlError("schema_invalid", {"count": 1, "violations": [
+        {"path": path, "message": message, "fix": fix}]}, message=f"Invalid {path}: {message}.")
+
+
+def _usage_error(exc: click.ClickException) -> FtlError:
+    text = exc.format_message().strip()
+    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
+        text = "no command given"
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "the script"
+    param = getattr(exc, "param", None)
+    path = "argv"
+    if param is not None:
+        path = f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper()
+    first_line = text.splitlines()[0] if text else "invalid command line"
+    return FtlError("schema_invalid", {"count": 1, "violations": [
+        {"path": path, "message": first_line, "fix": f"run `{command} --help` for the usage"}]},
+        message=f"Bad command line: {first_line}")
+
+
+def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
+    """Run ``group`` and exit: print one envelope, exit with the codes of the module docstring.
+
+    Commands return a `Reply`. ``--help`` prints its text and exits 0.
+    """
+    try:
+        result = group.main(args=argv, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
+    except FtlError as error:
+        _print(envelope.failure(error))
+        sys.exit(exit_code_for(error))
+    except click.exceptions.Abort:
+        _print(envelope.failure(FtlError("cancelled")))
+        sys.exit(EXIT_INTERRUPTED)
+    except click.ClickException as exc:
+        _print(envelope.failure(_usage_error(exc)))
+        sys.exit(EXIT_REFUSED)
+    except Exception:  # noqa: BLE001 - fail closed: one envelope, the trace only in the log
+        correlation_id = uuid.uuid4().hex[:12]
+        log.exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
+        _print(envelope.internal_failure(correlation_id))
+        sys.exit(EXIT_INTERNAL)
+    if isinstance(result, Reply):
+        _print(envelope.success(result.data, warnings=result.warnings))
+        sys.exit(result.exit_code)
+    sys.exit(result if isinstance(result, int) else EXIT_OK)  # --help
+
+
+# --------------------------------------------------------------------------- context
+
+class _RepoLogHandler(logging.FileHandler):
+    """``<repo>/.ftl/lib.log``, created on the first record only."""
+
+    def _open(self):  # noqa: ANN202 - logging's own signature
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+class Env:
+    """What every command needs: the repository, its store and its configuration (lazily).
+
+    Args:
+        repo: the repository directory; its ``.ftl/`` holds the store and the event logs.
+
+    Raises:
+        FtlError(not_found): ``repo`` is not a directory.
+    """
+
+    def __init__(self, repo: Path) -> None:
+        if not repo.is_dir():
+            raise FtlError("not_found", {"what": "the repository directory given by --repo"},
+                           message="The --repo directory does not exist.")
+        self.repo = repo.resolve()
+        self._store = None
+        self._config = None
+        handler = _RepoLogHandler(self.repo / ".ftl" / "lib.log", delay=True, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        handler.setLevel(logging.WARNING)
+        logging.getLogger("ftl").addHandler(handler)
+        self._handler = handler
+
+    @property
+    def store(self):
+        """The `ftl.store.Store` of ``<repo>/.ftl/ftl.db`` (created on first use)."""
+        if self._store is None:
+            from ftl.store import Store
+
+            self._store = Store.for_repo(self.repo)
+        return self._store
+
+    @property
+    def config(self):
+        """`ftl.config.Config` from ``<repo>/ftl.toml`` (defaults when absent)."""
+        if self._config is None:
+            from ftl.config import load_config
+
+            self._config = load_config(None, self.repo)
+        return self._config
+
+    def active(self, required: bool = True) -> dict | None:
+        """The active campaign dict, or None (``required=False``).
+
+        Raises: FtlError(not_found) when ``required`` and no campaign is active.
+        """
+        campaign = self.store.active_campaign()
+        if campaign is None and required:
+            raise no_active_campaign()
+        return campaign
+
+    def campaign(self, campaign_id: str | None) -> dict | None:
+        """``campaign_id``'s campaign, else the active one, else the newest of any status, else None.
+
+        Raises: FtlError(not_found) for an unknown ``campaign_id``.
+        """
+        if campaign_id:
+            return self.store.get_campaign(campaign_id)
+        return self.store.active_campaign() or self.store.latest_campaign()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+        logging.getLogger("ftl").removeHandler(self._handler)
+        self._handler.close()
+
+
+def no_active_campaign() -> FtlError:
+    return FtlError("not_found", {"what": "active campaign"},
+                    message="No campaign is active; start one with `campaign.py create OBJECTIVE`.")
+
+
+def script_group(name: str, help_text: str) -> click.Group:
+    """A click group with the shared ``--repo DIR`` option; commands get the `Env` as ``ctx.obj``."""
+
+    @click.group(name=name, help=help_text + "\n\n" + _EXIT_HELP)
+    @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
+                  show_default=True, help="Repository whose .ftl/ holds the store and event logs.")
+    @click.pass_context
+    def group(ctx: click.Context, repo: Path) -> None:
+        ctx.obj = Env(repo)
+        ctx.call_on_close(ctx.obj.close)
+
+    return group
+
+
+_EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
+              "`data` (arrays as {\"items\": [...]}, null as {}). Exit codes: 0 success, 2 refused "
+              "(bad input, unknown campaign/seq/plan, illegal transition), 1 internal or transient "
+              "error (retry).")
+
+
+# --------------------------------------------------------------------------- input parsing
+
+def parse_json_text(text: str, source: str) -> Any:
+    """Parse JSON text; any problem is a ``schema_invalid`` error naming line and column.
+
+    Raises:
+        FtlError(schema_invalid): empty input, invalid JSON (violation ``{"path": "$", "line",
+            "column", "message", "fix"}``, 1-based) or nesting too deep to read.
+    """
+    if not text.strip():
+        raise violation("$", f"the {source} is empty", f"send one JSON value on the {source}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FtlError("schema_invalid", {"count": 1, "violations": [{
+            "path": "$", "line": exc.lineno, "column": exc.colno,
+            "message": f"invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
+            "fix": "fix the JSON syntax at that position"}]},
+            message=f"The {source} is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
+    except RecursionError:
+        raise violation("$", "JSON nested too deeply to read", "send less deeply nested JSON") from None
+
+
+def read_stdin_json(source: str = "standard input") -> Any:
+    """Read all of stdin as UTF-8 JSON (see `parse_json_text`)."""
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise violation("$", f"the {source} is not UTF-8 text", "send UTF-8 JSON") from None
+    return parse_json_text(text, source)
+
+
+def parse_json_option(text: str, option: str, expect: type = dict) -> Any:
+    """Parse an option's JSON value and check its type (object by default).
+
+    Raises: FtlError(schema_invalid) naming the option.
+    """
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise violation(option, f"is not valid JSON ({getattr(exc, 'msg', 'too deep')})",
+                        f"pass a JSON {'object' if expect is dict else 'array'}") from None
+    if not isinstance(value, expect):
+        raise violation(option, f"must be a JSON {'object' if expect is dict else 'array'}",
+                        f"pass a JSON {'object' if expect is dict else 'array'}")
+    return value
+
+
+_WS_ID_RE = re.compile(r"^(\d+)-([a-z0-9]+(?:-[a-z0-9]+)*)$")
+
+
+def parse_workspace_ref(text: str) -> tuple[str, str | None]:
+    """A workspace reference -> ``(seq, workspace_id or None)``.
+
+    Accepted forms (FTL ID_OR_PATH, §4.2): ``001-slug`` (the seq is normalised, so ``1-slug``
+    works; FTL compared strings); a virtual path ``.../001_slug_active.xml`` (contains "/" or
+    ends in ``.xml``; the status suffix is ignored); or a bare seq ``001`` (the task's latest
+    workspace).
+
+    Raises: FtlError(schema_invalid) for anything else.
+    """
+    raw = text.strip()
+    fix = "use <seq>-<slug> (e.g. 001-add-parser), a seq, or a path ending in 001_add-parser_active.xml"
+    try:
+        if "/" in raw or raw.endswith(".xml"):
+            stem = raw.rsplit("/", 1)[-1]
+            stem = stem[:-4] if stem.endswith(".xml") else stem
+            parts = stem.split("_")
+            if len(parts) >= 2 and _WS_ID_RE.match(f"{parts[0]}-{parts[1]}"):
+                seq = normalize_seq(parts[0])
+                return seq, f"{seq}-{parts[1]}"
+        elif raw.isascii() and raw.isdigit():
+            return normalize_seq(raw), None
+        else:
+            match = _WS_ID_RE.match(raw)
+            if match:
+                seq = normalize_seq(match.group(1))
+                return seq, f"{seq}-{match.group(2)}"
+    except ValueError:
+        pass
+    raise violation("ID", f"{raw[:80]!r} is not a workspace reference", fix)
+
+
+# --------------------------------------------------------------------------- shared views
+
+def campaign_entry(store, campaign: dict) -> dict[str, Any]:
+    """FTL's campaign object (``{id, objective, status, framework, created_at, tasks}``) plus
+    ftl's ``campaign_id``, ``flow``, ``finished_at``, ``summary`` and ``counts``
+    (``{pending, running, complete, blocked, total}``). ``tasks`` are the store's task dicts."""
+    cid = campaign["campaign_id"]
+    return {
+        "id": cid, "campaign_id": cid, "objective": campaign["objective"],
+        "status": campaign["status"], "flow": campaign["flow"], "framework": campaign["framework"],
+        "created_at": campaign["created_at"], "finished_at": campaign["finished_at"],
+        "summary": campaign["summary"], "tasks": store.tasks(cid), "counts": store.counts(cid),
+    }
+
+
+def replan_input(store, campaign_id: str) -> dict[str, Any]:
+    """FTL get-replan-input (§6.7) from the store alone, with the remaining tasks' full specs.
+
+    Same keys as ``ftl.states.cascade.replan_input`` (which needs a run): ``{mode: "replan",
+    objective, framework, completed_count, blocked_count, pending_count, completed_tasks:
+    [{seq, slug, delivered (<= 200 chars)}], blocked_tasks: [{seq, slug, reason (<= 300
+    chars)}], remaining_tasks: [task spec]}``. ``delivered`` and ``reason`` come from the task
+    rows, so they are never "(no workspace)" (FTL's lazy import failed, §8.2 item 9); the
+    framework is the latest plan's, else the campaign's.
+
+    Raises: FtlError(not_found) for an unknown campaign.
+    """
+    campaign = store.get_campaign(campaign_id)
+    rows = store.tasks(campaign_id)
+    try:
+        framework = store.get_plan(campaign_id).framework
+    except FtlError:
+        framework = campaign["framework"]
+    return {
+        "mode": "replan", "objective": campaign["objective"], "framework": framework,
+        "completed_count": sum(r["status"] == "complete" for r in rows),
+        "blocked_count": sum(r["status"] == "blocked" for r in rows),
+        "pending_count": sum(r["status"] == "pending" for r in rows),
+        "completed_tasks": [{"seq": r["seq"], "slug": r["slug"], "delivered": (r.get("delivered") or "")[:200]}
+                            for r in rows if r["status"] == "complete"],
+        "blocked_tasks": [{"seq": r["seq"], "slug": r["slug"], "reason": (r.get("block_reason") or "")[:300]}
+                          for r in rows if r["status"] == "blocked"],
+        "remaining_tasks": [r["spec"] for r in rows if r["status"] == "pending"],
+    }
+
+
+def fingerprint(store, campaign: dict) -> dict[str, Any]:
+    """FTL's campaign fingerprint (§4.1 ``fingerprint``), computed from the store on demand:
+    ``{framework ("none" when unset), task_count, task_types (sorted), delta_files (<= 20, from
+    the campaign's newest exploration's delta candidates), objective_hash (md5 hex[:8]),
+    objective_preview (<= 100 chars)}``. FTL read the newest exploration of any campaign."""
+    cid = campaign["campaign_id"]
+    rows = store.tasks(cid)
+    exploration = store.exploration(cid) or {}
+    delta = exploration.get("delta") if isinstance(exploration.get("delta"), dict) else {}
+    files: list[str] = []
+    for candidate in delta.get("candidates") or []:
+        path = (candidate.get("path") or candidate.get("file")) if isinstance(candidate, dict) else None
+        if isinstance(path, str) and path not in files:
+            files.append(path)
+    objective = campaign["objective"]
+    return {
+        "framework": campaign["framework"] or "none", "task_count": len(rows),
+        "task_types": sorted({r["type"] for r in rows}), "delta_files": files[:20],
+        "objective_hash": hashlib.md5(objective.encode("utf-8"), usedforsecurity=False).hexdigest()[:8],
+        "objective_preview": objective[:100],
+    }
+
+
+EXPLORER_MODES = ("structure", "pattern", "memory", "delta")
+CRITICAL_MODES = frozenset({"structure", "delta"})
+
+
+def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
+    """Explorer progress of one session from its result rows (``{mode, status, ...}``).
+
+    The quorum rule of the EXPLORE state, where FTL only counted rows (§4.5, §8.2 item 5): a mode
+    counts once, and only with an ``ok`` or ``partial`` result; the quorum is met by
+    ``min(quorum, 4)`` such modes or by both structure and delta.
+
+    Returns: ``{completed: [modes], failed: [modes with only error results], missing: [modes
+    without a usable result], modes: {mode: "complete" | "error" | "pending"}, rows: n,
+    quorum_required: k, quorum_met: bool}``.
+    """
+    usable = {r["mode"] for r in results if r.get("status") in ("ok", "partial")}
+    seen = {r["mode"] for r in results}
+    modes = {mode: "complete" if mode in usable else ("error" if mode in seen else "pending")
+             for mode in EXPLORER_MODES}
+    required = min(quorum, len(EXPLORER_MODES))
+    return {
+        "completed": [m for m in EXPLORER_MODES if m in usable],
+        "failed": [m for m in EXPLORER_MODES if modes[m] == "error"],
+        "missing": [m for m in EXPLORER_MODES if m not in usable],
+        "modes": modes, "rows": len(results), "quorum_required": required,
+        "quorum_met": len(usable) >= required or CRITICAL_MODES <= usable,
+    }
+
+
+def command(group: click.Group, name: str, **kwargs: Any) -> Callable:
+    """``@group.command(name)`` whose function receives the `Env` first."""
+
+    def decorate(func: Callable) -> Callable:
+        return group.command(name, **kwargs)(click.pass_obj(func))
+
+    return decorate

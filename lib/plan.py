@@ -1,0 +1,118 @@
+"""FTL-compatible ``plan.py``: the plan versions of a campaign, over ftl's store.
+
+Plan ids: FTL numbered plans globally and never linked them to a campaign (§4.3). In ftl a plan
+is a version of one campaign's plan (1, 2, ... ; a re-plan merge adds one), so ``--id N`` means
+version N of the active campaign, or of ``--campaign-id``. A plan's status is derived, never
+stale (FTL never marked plans, §8.2 item 16): the latest version of an active campaign is
+``active``, the latest of a finished campaign ``executed``, every older one ``superseded``.
+
+Plan object: the validated plan (``_schema_version, objective, campaign, framework,
+framework_confidence, idioms, tasks`` with three-digit seqs and list depends) plus ``id`` (=
+``version``), ``campaign_id`` and ``status``. The store keeps no per-version creation time, so
+FTL's ``created_at`` is absent. Output and exit codes: see ``lib/_common.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from _common import Env, Reply, command, read_stdin_json, run, script_group, wrap
+from ftl.errors import FtlError
+
+cli = script_group("plan.py", "Plan versions of a campaign (FTL plan.py).")
+
+STATUSES = ("active", "executed", "superseded")
+
+
+def _status(campaign: dict, version: int, latest: int) -> str:
+    if version != latest:
+        return "superseded"
+    return "active" if campaign["status"] == "active" else "executed"
+
+
+def _plan_object(campaign: dict, plan, version: int, latest: int) -> dict[str, Any]:
+    return {**plan.model_dump(mode="json", by_alias=True), "id": version, "version": version,
+            "campaign_id": campaign["campaign_id"], "status": _status(campaign, version, latest)}
+
+
+def _campaign(env: Env, campaign_id: str | None) -> dict:
+    campaign = env.store.get_campaign(campaign_id) if campaign_id else env.active(required=False)
+    if campaign is None:
+        raise FtlError("not_found", {"what": "active campaign"},
+                       message="No campaign is active; pass --campaign-id or start one with "
+                               "`campaign.py create OBJECTIVE`.")
+    return campaign
+
+
+_CAMPAIGN_OPTION = click.option("--campaign-id", default=None, help="Campaign (default: the active one).")
+
+
+@command(cli, "write")
+def write(env: Env) -> Reply:
+    """Validate the plan JSON on stdin and save it as the active campaign's next version.
+
+    Every violation is reported with its JSON path (FTL stored anything and crashed on null,
+    §8.2 item 6). data: {"id": N, "campaign_id"}. No active campaign -> NOT_FOUND.
+    """
+    from ftl.validation import parse_plan
+
+    plan = parse_plan(read_stdin_json("plan on standard input"), source="plan on standard input")
+    cid = env.active()["campaign_id"]
+    return Reply({"id": env.store.save_plan(cid, plan), "campaign_id": cid})
+
+
+@command(cli, "read")
+@click.option("--id", "plan_id", type=click.IntRange(min=1), required=True, help="Plan version N.")
+@_CAMPAIGN_OPTION
+def read(env: Env, plan_id: int, campaign_id: str | None) -> Reply:
+    """Plan version N. data: the plan object. Unknown version -> NOT_FOUND (exit 2)."""
+    campaign = _campaign(env, campaign_id)
+    cid = campaign["campaign_id"]
+    plan = env.store.get_plan(cid, plan_id)
+    return Reply(_plan_object(campaign, plan, plan_id, env.store.plan_versions(cid)[-1]))
+
+
+@command(cli, "get-active")
+@_CAMPAIGN_OPTION
+def get_active(env: Env, campaign_id: str | None) -> Reply:
+    """The latest plan version of the active campaign. data: the plan object.
+
+    No active campaign or no plan yet -> NOT_FOUND (exit 2).
+    """
+    campaign = _campaign(env, campaign_id)
+    cid = campaign["campaign_id"]
+    versions = env.store.plan_versions(cid)
+    if not versions:
+        raise FtlError("not_found", {"what": f"any plan of campaign {cid}"},
+                       message=f"Campaign {cid} has no plan yet; send one with `plan.py write`.")
+    return Reply(_plan_object(campaign, env.store.get_plan(cid, versions[-1]), versions[-1], versions[-1]))
+
+
+@command(cli, "list")
+@click.option("--status", type=click.Choice(STATUSES), default=None, help="Only this status.")
+@_CAMPAIGN_OPTION
+def list_(env: Env, status: str | None, campaign_id: str | None) -> Reply:
+    """The campaign's plan versions, newest first.
+
+    data: {"items": [{id, campaign_id, objective (first 50 chars, "..." when cut), framework,
+    status, task_count}]}.
+    """
+    campaign = _campaign(env, campaign_id)
+    cid = campaign["campaign_id"]
+    versions = env.store.plan_versions(cid)
+    items = []
+    for version in reversed(versions):
+        state = _status(campaign, version, versions[-1])
+        if status is not None and state != status:
+            continue
+        plan = env.store.get_plan(cid, version)
+        objective = plan.objective if len(plan.objective) <= 50 else plan.objective[:50] + "..."
+        items.append({"id": version, "campaign_id": cid, "objective": objective,
+                      "framework": plan.framework, "status": state, "task_count": len(plan.tasks)})
+    return Reply(wrap(items))
+
+
+if __name__ == "__main__":
+    run(cli)

@@ -1,0 +1,232 @@
+"""FTL-compatible ``workspace.py``: one builder attempt at one task, over ftl's store.
+
+FTL workspace.py (``shared/reference/ftl-behaviour.md`` §4.2, §5.3-5.4) with its lifecycle
+enforced: creating a workspace starts the task (pending -> running, dependencies complete),
+completing or blocking it ends the attempt and moves the task the same way, and each attempt
+gets a fresh workspace (FTL's ids were global, re-used across attempts and never changed
+status, §8.2 item 14). Workspaces belong to a campaign; ids are ``{seq}-{slug}`` plus an
+attempt number. Output and exit codes: see ``lib/_common.py``.
+
+Workspace object (every command): the workspace spec of `ftl.workspaces.build_workspace`
+(workspace_id, campaign_id, seq, slug, type, attempt, objective, delta, creates, verify, run,
+budget, timeout_s, framework, idioms, lineage, prior_knowledge) plus FTL's ``id`` (=
+workspace_id), ``status`` (active | built | complete | blocked | cancelled | abandoned),
+``created_at``, ``completed_at``, ``blocked_at``, ``finished_at``, ``delivered`` and the stored
+``result``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from _common import Env, Reply, command, parse_json_option, parse_workspace_ref, run, script_group, wrap
+from ftl.envelope import Warning
+from ftl.errors import FtlError
+
+cli = script_group("workspace.py", "Workspaces: one builder attempt at one task (FTL workspace.py).")
+
+WORKER = "lib/workspace.py"
+OPEN = ("active", "built")
+
+
+def view(row: dict) -> dict[str, Any]:
+    """The workspace object of the module docstring from a store workspace row."""
+    spec = row["spec"] if isinstance(row["spec"], dict) else {}
+    result = row["result"] if isinstance(row["result"], dict) else {}
+    build = result.get("build") if isinstance(result.get("build"), dict) else {}
+    status, finished = row["status"], row["finished_at"]
+    return {
+        **spec, "id": row["workspace_id"], "workspace_id": row["workspace_id"],
+        "campaign_id": row["campaign_id"], "seq": row["seq"], "attempt": row["attempt"],
+        "status": status, "created_at": row["created_at"], "finished_at": finished,
+        "completed_at": finished if status == "complete" else None,
+        "blocked_at": finished if status == "blocked" else None,
+        "delivered": str(result.get("delivered") or build.get("delivered") or ""),
+        "result": row["result"],
+    }
+
+
+def _find(env: Env, campaign_id: str, ref: str) -> dict:
+    """The latest attempt of the workspace ``ref`` names. Raises: FtlError(not_found)."""
+    seq, workspace_id = parse_workspace_ref(ref)
+    rows = [r for r in env.store.workspaces(campaign_id, seq=seq)
+            if workspace_id is None or r["workspace_id"] == workspace_id]
+    if not rows:
+        what = workspace_id or f"any workspace of task {seq}"
+        raise FtlError("not_found", {"what": f"workspace {what} in campaign {campaign_id}"},
+                       message=f"Workspace {what} was not found in campaign {campaign_id}.")
+    return max(rows, key=lambda r: (r["attempt"], r["created_at"]))
+
+
+def _start(env: Env, cid: str, seq: str) -> dict:
+    """pending -> running, as a CONFLICT naming the open dependencies when they are not complete."""
+    try:
+        return env.store.transition_task(cid, seq, "running", worker=WORKER)
+    except FtlError as error:
+        if error.error_type != "invalid_state":
+            raise
+        raise FtlError("conflict", {"what": error.message}, message=error.message) from None
+
+
+def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
+    """Start ``seq`` (or pick up its running attempt) and record its workspace; return the view."""
+    from ftl.workspaces import build_workspace
+
+    row = env.store.task(cid, seq)
+    if row["status"] == "running":
+        current = [w for w in env.store.workspaces(cid, seq=seq)
+                   if w["attempt"] == row["attempts"] and w["status"] in OPEN]
+        if current:  # FTL create is idempotent: the open attempt is returned as it is
+            return view(current[-1])
+    elif row["status"] == "pending":
+        row = _start(env, cid, seq)
+    else:
+        hint = ("re-open it with campaign.py merge-revised-plan" if row["status"] == "blocked"
+                else f"read its workspace with `workspace.py parse {seq}`")
+        text = f"Task {seq} is {row['status']}; no new attempt can start ({hint})."
+        raise FtlError("conflict", {"what": text}, message=text)
+    task = plan.task(seq)
+    workspace = build_workspace(
+        campaign_id=cid, plan=plan, task=task, attempt=row["attempts"],
+        timeout_s=env.config.task_timeout_s(task.budget, task.timeout_s),
+        tasks=env.store.tasks(cid), memory=env.store.memory(type="failure", limit=5))
+    env.store.record_workspace(cid, {**workspace.model_dump(mode="json"), "status": "active"})
+    return view(_find(env, cid, workspace.workspace_id))
+
+
+@command(cli, "create")
+@click.option("--plan-id", "plan_id", type=click.IntRange(min=1), required=True,
+              help="Plan version N of the active campaign (see plan.py).")
+@click.option("--task", "task_seq", default=None, help="Only this task's seq (001, 1 and 01 are equal).")
+def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:
+    """Create workspaces for plan version N's tasks, starting each task (pending -> running).
+
+    With --task: that task, which must be ready (every dependency complete) or already
+    running (its open workspace is returned unchanged). Without: every READY task of the plan;
+    others are listed in `skipped` (FTL created one for every task, so all but the first stayed
+    active forever, §8.2 item 1). data: {"created": [workspace, ...], "skipped": [{seq,
+    status}]}. No active campaign, unknown plan version or seq -> NOT_FOUND; a blocked,
+    complete or not-ready task -> CONFLICT (exit 2). A plan version older than the latest gives
+    a STALE_CACHE warning.
+    """
+    from ftl import dag
+    from ftl.models import normalize_seq
+
+    cid = env.active()["campaign_id"]
+    plan = env.store.get_plan(cid, plan_id)
+    warnings = []
+    latest = env.store.plan_versions(cid)[-1]
+    if plan_id != latest:
+        warnings.append(Warning("STALE_CACHE", f"plan version {plan_id} is not the latest ({latest}); "
+                                               "its task specs may be out of date",
+                                {"plan_id": plan_id, "latest": latest}))
+    planned = [t.seq for t in plan.tasks]
+    skipped: list[dict[str, str]] = []
+    if task_seq is not None:
+        try:
+            seq = normalize_seq(task_seq)
+        except ValueError as exc:
+            raise FtlError("schema_invalid", {"count": 1, "violations": [
+                {"path": "--task", "message": str(exc), "fix": "pass a seq like 001"}]}) from None
+        if seq not in planned:
+            raise FtlError("not_found", {"what": f"task {seq} in plan version {plan_id}"},
+                           message=f"Task {seq} is not in plan version {plan_id}.")
+        seqs = [seq]
+    else:
+        rows = env.store.tasks(cid)
+        ready = set(dag.ready_set({r["seq"]: r["depends"] for r in rows},
+                                  {r["seq"]: r["status"] for r in rows}))
+        status = {r["seq"]: r["status"] for r in rows}
+        seqs = [s for s in planned if s in ready]
+        skipped = [{"seq": s, "status": status.get(s, "unregistered")} for s in planned if s not in ready]
+    created = [_create_one(env, cid, plan, seq) for seq in seqs]
+    return Reply({"created": created, "skipped": skipped}, warnings=warnings)
+
+
+def _open_attempt(env: Env, ref: str) -> tuple[str, dict]:
+    """The active campaign's open workspace ``ref`` whose task is running this attempt."""
+    cid = env.active()["campaign_id"]
+    row = _find(env, cid, ref)
+    if row["status"] not in OPEN:
+        text = f"Workspace {row['workspace_id']} attempt {row['attempt']} is already {row['status']}."
+        raise FtlError("conflict", {"what": text}, message=text)
+    task = env.store.task(cid, row["seq"])
+    if task["status"] != "running" or task["attempts"] != row["attempt"]:
+        text = (f"Workspace {row['workspace_id']} attempt {row['attempt']} is stale: task {row['seq']} "
+                f"is {task['status']} at attempt {task['attempts']}.")
+        raise FtlError("conflict", {"what": text}, message=text)
+    return cid, row
+
+
+@command(cli, "complete")
+@click.argument("ref", metavar="ID")
+@click.option("--delivered", required=True, help="What the attempt delivered (kept as lineage for children).")
+@click.option("--utilized", default=None, help="JSON array of the memory entries that helped.")
+def complete(env: Env, ref: str, delivered: str, utilized: str | None) -> Reply:
+    """Complete workspace ID (001-slug, a seq, or .../001_slug_active.xml) and its task.
+
+    The workspace must be the open attempt of a running task; the task goes running ->
+    complete with `delivered`. FTL accepted any order and repeat calls (§5.3). data: the
+    workspace object. Unknown ID -> NOT_FOUND; finished or stale attempt -> CONFLICT.
+    """
+    items = parse_json_option(utilized, "--utilized", list) if utilized is not None else []
+    cid, row = _open_attempt(env, ref)
+    env.store.transition_task(cid, row["seq"], "complete", delivered=delivered)
+    env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], "complete",
+                               {"delivered": delivered, "utilized": items})
+    return Reply(view(_find(env, cid, row["workspace_id"])))
+
+
+@command(cli, "block")
+@click.argument("ref", metavar="ID")
+@click.option("--reason", required=True, help="Why the attempt failed (first line shown to siblings).")
+def block(env: Env, ref: str, reason: str) -> Reply:
+    """Block workspace ID and its task ("blocking is success": the reason becomes knowledge).
+
+    The task goes running -> blocked with the reason; delivered is "BLOCKED: <reason>" as in
+    FTL. data: the workspace object. Unknown ID -> NOT_FOUND; finished or stale attempt ->
+    CONFLICT.
+    """
+    cid, row = _open_attempt(env, ref)
+    delivered = f"BLOCKED: {reason}"
+    env.store.transition_task(cid, row["seq"], "blocked", reason=reason, delivered=delivered)
+    env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], "blocked",
+                               {"delivered": delivered, "reason": reason})
+    return Reply(view(_find(env, cid, row["workspace_id"])))
+
+
+@command(cli, "parse")
+@click.argument("ref", metavar="ID")
+@click.option("--campaign-id", default=None, help="Campaign (default: active, else newest).")
+def parse(env: Env, ref: str, campaign_id: str | None) -> Reply:
+    """The latest attempt of workspace ID (001-slug, a seq, or .../001_slug_active.xml).
+
+    data: the workspace object. Unknown ID -> NOT_FOUND, exit 2 (FTL printed {"error"} and
+    exited 0).
+    """
+    campaign = env.campaign(campaign_id)
+    if campaign is None:
+        raise FtlError("not_found", {"what": "campaign"}, message="The store has no campaign yet.")
+    return Reply(view(_find(env, campaign["campaign_id"], ref)))
+
+
+@command(cli, "list")
+@click.option("--status", type=click.Choice(["active", "built", "complete", "blocked", "cancelled",
+                                             "abandoned"]), default=None, help="Only this status.")
+@click.option("--campaign-id", default=None, help="Only this campaign (default: every campaign).")
+def list_(env: Env, status: str | None, campaign_id: str | None) -> Reply:
+    """Workspaces (every attempt), newest first.
+
+    data: {"items": [workspace, ...]}. Every campaign unless --campaign-id, as in FTL.
+    """
+    campaigns = ([env.store.get_campaign(campaign_id)] if campaign_id else env.store.list_campaigns())
+    rows = [r for c in campaigns for r in env.store.workspaces(c["campaign_id"])
+            if status is None or r["status"] == status]
+    rows.sort(key=lambda r: (r["created_at"], r["attempt"]), reverse=True)
+    return Reply(wrap([view(r) for r in rows]))
+
+
+if __name__ == "__main__":
+    run(cli)

@@ -1,0 +1,182 @@
+"""BUILD: one attempt at one task: workspace -> builder -> file-scope check -> verify.
+
+Used for every ready task inside EXECUTE (CAMPAIGN flow, tasks in parallel) and as the BUILD
+state of the TASK flow (the plan's tasks in dependency order, one at a time; FTL built only the
+first). The runner, not the builder, decides complete or blocked (FTL §8.3 item 6): it runs the
+verify command itself and blocks a task that changed files outside its delta/creates (item 7).
+
+Checkpoint: when the builder succeeds its workspace is marked ``built`` before verify runs, so
+a crash during verify resumes with verify only and a task's run command never completes twice.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from ftl import events as ev
+from ftl.errors import FtlError
+from ftl.recovery import classify_command, escalate_flaky
+from ftl.runner import Next, Run
+from ftl.scheduler import CancelToken, TaskOutcome
+from ftl.tools import fact
+from ftl.workspaces import build_workspace
+
+BUILD_INTENT = "build_task"
+VERIFY_INTENT = "verify_task"
+
+
+def enter(run: Run) -> Next:
+    """TASK flow: register the plan's tasks if needed and build them in dependency order."""
+    from ftl.states.execute import run_dag
+
+    plan = run.current_plan
+    if plan is None:
+        raise FtlError("invalid_state", {"trigger": "build", "state": "BUILD"})
+    if not run.store.tasks(run.campaign_id):
+        run.log.emit(ev.PLAN_REGISTERED, tasks=len(plan.tasks), seqs=[t.seq for t in plan.tasks])
+        run.store.add_tasks(run.campaign_id, plan)
+    run_dag(run, jobs=1)
+    return Next("observe")
+
+
+def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome:
+    """Run one attempt of task ``seq`` (called in a scheduler worker thread).
+
+    Returns:
+        TaskOutcome ``complete`` (detail: delivered, duration_ms), ``blocked`` (detail:
+        reason, error_type) or ``cancelled``.
+    """
+    started = time.monotonic()
+    cancel = _bridge(token)
+    try:
+        task = run.current_plan.task(seq)
+        row = run.store.task(run.campaign_id, seq)
+        attempt = max(1, int(row.get("attempts") or 1))
+        timeout_s = run.config.task_timeout_s(task.budget, task.timeout_s)
+        workspace = build_workspace(
+            campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
+            timeout_s=timeout_s, tasks=run.store.tasks(run.campaign_id),
+            memory=run.store.memory(type="failure", limit=5))
+        spec = workspace.model_dump(mode="json")
+        built = _already_built(run, seq)
+        run.store.record_workspace(run.campaign_id, {**spec, "status": "active"})
+        facts = run.facts() + [fact("task", seq, task.type.value)]
+        if task.run:
+            facts.append(fact("task_has_run", seq))
+        if task.builder:
+            facts.append(fact("builder_requested", seq, task.builder))
+
+        build_result: dict[str, Any] = built or {}
+        if built is None:
+            builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
+            try:
+                build_result = run.recovery.run(
+                    lambda n: _build_once(run, facts, builder, spec, seq, cancel),
+                    tool=builder, seq=seq, state="EXECUTE", escalate=_escalate_build)
+            except FtlError as error:
+                if cancel.is_set():
+                    return TaskOutcome(seq, "cancelled", {})
+                return _block(run, workspace, error)
+            scope = build_result.get("out_of_scope") or []
+            if scope:
+                error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
+                                 message=f"Task {seq} changed files outside its delta: "
+                                         + ", ".join(scope[:5]))
+                error.emitted = False
+                _emit_failure(run, error, tool=builder, seq=seq)
+                return _block(run, workspace, error)
+            run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
+                                       _trim(build_result))
+        try:
+            verify = run.recovery.run(
+                lambda n: _verify_once(run, facts, task.verify, seq, cancel),
+                tool="run_verify", seq=seq, state="EXECUTE", escalate=escalate_flaky)
+        except FtlError as error:
+            if cancel.is_set():
+                return TaskOutcome(seq, "cancelled", {})
+            return _block(run, workspace, error)
+        delivered = str(build_result.get("delivered") or build_result.get("output") or "")[-2000:]
+        run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "complete",
+                                   {"build": _trim(build_result), "verify": _trim(verify)})
+        return TaskOutcome(seq, "complete", {
+            "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000)})
+    finally:
+        cancel.set()  # releases the bridge thread
+
+
+def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
+                cancel: threading.Event) -> dict[str, Any]:
+    result = run.tools.call(BUILD_INTENT, facts, builder, {"workspace": spec},
+                            state="EXECUTE", seq=seq, cancel=cancel)
+    if result.get("status") != "complete":
+        raise classify_command(result, what="build", seq=seq)
+    return result
+
+
+def _verify_once(run: Run, facts: list, command: str, seq: str,
+                 cancel: threading.Event) -> dict[str, Any]:
+    result = run.tools.call(VERIFY_INTENT, facts, "run_verify",
+                            {"command": command, "timeout_s": run.config.verify_timeout_s},
+                            state="EXECUTE", seq=seq, cancel=cancel)
+    if not result.get("passed"):
+        raise classify_command(result, what="verify", seq=seq)
+    return result
+
+
+def _escalate_build(error: FtlError) -> FtlError:
+    """A builder that timed out on its retry used up its budget (FTL budget_exhausted)."""
+    if error.error_type == "timeout":
+        return FtlError("budget_exhausted", {**error.details, "budget": error.details.get("timeout_s")})
+    return error
+
+
+def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
+    """In-state recovery for a task failure: block the task, keep the campaign going."""
+    reason = f"{error.error_type}: {error.message}"
+    tail = str(error.details.get("output_tail") or "")
+    if tail:
+        reason += "\n" + tail[-1500:]
+    run.recovery.recovery(strategy="block_task", success=True, state="EXECUTE",
+                          task_seq=workspace.seq, error_type=error.error_type)
+    run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
+                               "blocked", {"error_type": error.error_type, "reason": reason})
+    return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type})
+
+
+def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str) -> None:
+    failure = run.log.emit(ev.TOOL_FAILURE, state="EXECUTE", tool=tool, task_seq=seq,
+                           error_type=error.error_type, message=error.message, details=error.details)
+    run.log.emit(ev.FAILURE_CLASSIFIED, state="EXECUTE", tool=tool, task_seq=seq,
+                 failure_seq=failure["seq"], error_type=error.error_type,
+                 klass=error.kind.klass.value, decision="structural")
+
+
+def _already_built(run: Run, seq: str) -> dict[str, Any] | None:
+    """The result of a build that finished before a crash, if verify has not run since."""
+    rows = run.store.workspaces(run.campaign_id, seq)
+    if rows and rows[-1].get("status") == "built":
+        return rows[-1].get("result") or {}
+    return None
+
+
+def _bridge(token: CancelToken) -> threading.Event:
+    """A threading.Event set when the scheduler cancels ``token`` (what tools poll)."""
+    event = threading.Event()
+
+    def watch() -> None:
+        while not event.is_set():
+            if token.wait(0.1):
+                event.set()
+
+    threading.Thread(target=watch, name="cancel-bridge", daemon=True).start()
+    return event
+
+
+def _trim(result: dict[str, Any]) -> dict[str, Any]:
+    trimmed = dict(result)
+    for key in ("output", "stdout", "stderr"):
+        if isinstance(trimmed.get(key), str):
+            trimmed[key] = trimmed[key][-4000:]
+    return trimmed

@@ -1,0 +1,109 @@
+"""CASCADE: decide what to do about tasks that can no longer run.
+
+cascade-status over the store's tasks; when some pending tasks are unreachable (an ancestor is
+blocked): run cascade analysis, then re-plan when at least ``replan_threshold`` tasks are
+unreachable and a planner or a revised plan is available (bounded by ``max_replans``; merge
+keeps completed work and may add tasks), else propagate the blocks to every unreachable task,
+naming its blocked root. Re-planning that is exhausted while still stuck is ``cascade_stuck``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ftl import dag
+from ftl import events as ev
+from ftl.errors import FtlError
+from ftl.runner import Next, Run
+from ftl.tools import fact
+from ftl.validation import parse_plan
+
+
+def enter(run: Run) -> Next:
+    run.replan_ok = False
+    rows = run.store.tasks(run.campaign_id)
+    deps = {r["seq"]: r["depends"] for r in rows}
+    status = {r["seq"]: r["status"] for r in rows}
+    cascade = dag.cascade_status(deps, status)
+    run.log.emit(ev.CASCADE_STATUS, cascade_state=cascade["state"],
+                 unreachable=cascade.get("unreachable", []))
+    if cascade["state"] != "stuck":
+        return Next("observe")
+
+    run.cascade_analysis = analyze(run)
+    unreachable = cascade.get("unreachable", [])
+    planner_available = bool(run.config.planner_command) or (
+        run.revised_plan_input is not None and run.tracked.replan_count == 0)
+    if len(unreachable) >= run.config.replan_threshold and planner_available:
+        if run.tracked.replan_count >= run.config.max_replans:
+            raise FtlError("cascade_stuck", {"unreachable": len(unreachable)})
+        run.log.emit(ev.CASCADE_REPLAN, affected=len(unreachable))
+        run.tracked.replan_count += 1
+        try:
+            revised = _revised_plan(run)
+            merge = run.store.merge_revised_plan(run.campaign_id, revised,
+                                                 max_new_tasks=run.config.max_replan_new_tasks)
+        except FtlError as error:
+            run.log.emit(ev.CASCADE_MERGE_FAILED, error=error.message, error_type=error.error_type)
+            run.recovery.recovery(strategy="replan", success=False, error_type=error.error_type)
+        else:
+            run.current_plan = run.store.get_plan(run.campaign_id)
+            run.replan_ok = True
+            run.recovery.recovery(strategy="replan", success=True, **merge)
+            return Next("execute")
+
+    propagated = dag.propagate_blocks(deps, status)
+    run.log.emit(ev.CASCADE_PROPAGATE,
+                 propagated=[{"seq": seq, "blocked_by": roots} for seq, roots in propagated])
+    for seq, roots in propagated:
+        run.store.transition_task(run.campaign_id, seq, "blocked", blocked_by=roots,
+                                  reason=f"unreachable: blocked by {', '.join(roots)}")
+    return Next("observe")
+
+
+def analyze(run: Run) -> dict[str, Any]:
+    """Cascade analysis through the tool server (intent ``analyze_cascade``)."""
+    facts = run.facts() + [fact("blocked", r["seq"]) for r in run.store.tasks(run.campaign_id)
+                           if r["status"] == "blocked"]
+    analysis = run.recovery.run(
+        lambda n: run.tools.call("analyze_cascade", facts, "cascade_analysis",
+                                 {"campaign_id": run.campaign_id,
+                                  "replan_threshold": run.config.replan_threshold},
+                                 state=run.machine_state, cancel=run.cancel),
+        tool="cascade_analysis", state=run.machine_state)
+    run.log.emit(ev.CASCADE_ANALYSIS, recommendation=analysis.get("recommendation"),
+                 roots=[root.get("seq") for root in analysis.get("roots", [])],
+                 unreachable_count=analysis.get("unreachable_count"))
+    return analysis
+
+
+def _revised_plan(run: Run):
+    if run.revised_plan_input is not None and run.tracked.replan_count == 1:
+        return parse_plan(run.revised_plan_input, source="revised plan")
+    facts = run.facts()
+    result = run.recovery.run(
+        lambda n: run.tools.call("replan_campaign", facts, "agent_planner",
+                                 {"objective": run.objective, "exploration": run.exploration,
+                                  "replan": replan_input(run)},
+                                 state="CASCADE", cancel=run.cancel),
+        tool="agent_planner", state="CASCADE")
+    if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
+        raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
+    return parse_plan(result["plan"], source="revised plan")
+
+
+def replan_input(run: Run) -> dict[str, Any]:
+    """FTL get-replan-input, with the remaining tasks' full specs (FTL dropped them)."""
+    rows = run.store.tasks(run.campaign_id)
+    return {
+        "mode": "replan", "objective": run.objective,
+        "framework": run.current_plan.framework if run.current_plan else None,
+        "completed_count": sum(r["status"] == "complete" for r in rows),
+        "blocked_count": sum(r["status"] == "blocked" for r in rows),
+        "pending_count": sum(r["status"] == "pending" for r in rows),
+        "completed_tasks": [{"seq": r["seq"], "slug": r["slug"], "delivered": (r.get("delivered") or "")[:200]}
+                            for r in rows if r["status"] == "complete"],
+        "blocked_tasks": [{"seq": r["seq"], "slug": r["slug"], "reason": (r.get("block_reason") or "")[:300]}
+                          for r in rows if r["status"] == "blocked"],
+        "remaining_tasks": [r["spec"] for r in rows if r["status"] == "pending"],
+    }

@@ -1,0 +1,206 @@
+"""run_command with real subprocesses: exit status, limits, process-group cleanup, no deadlock;
+and the git/tree change detection builders rely on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from ftl.errors import FtlError
+from ftl.server.tools.proc import (EXIT_NOT_FOUND, changed_paths, git_status, run_command,
+                                   snapshot_tree)
+
+from .conftest import git, write
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie (an unreaped orphan counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2:].split()[0] != b"Z"
+
+
+def wait_dead(pid: int, limit_s: float = 5.0) -> bool:
+    """Poll until ``pid`` is gone (signals are delivered asynchronously); bounded, not timed."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if not alive(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def wait_file(path: Path, limit_s: float = 10.0) -> str:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if path.exists() and path.read_text().strip():
+            return path.read_text().strip()
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+def test_exit_code_and_separate_streams(tmp_path):
+    result = run_command("echo out; echo err >&2; exit 3", cwd=tmp_path, timeout_s=10)
+    assert (result.exit_code, result.stdout, result.stderr) == (3, "out\n", "err\n")
+    assert sorted(result.output.splitlines()) == ["err", "out"]
+    assert not result.ok and not result.timed_out and not result.cancelled
+
+
+def test_list_command_runs_without_a_shell(tmp_path):
+    result = run_command([sys.executable, "-c", "import sys; print(sys.argv[1])", "$HOME; exit 9"],
+                         cwd=tmp_path, timeout_s=10)
+    assert result.ok and result.stdout == "$HOME; exit 9\n"
+
+
+def test_missing_program_is_exit_127_not_an_exception(tmp_path):
+    result = run_command(["definitely-not-a-program-xyz"], cwd=tmp_path, timeout_s=10)
+    assert result.exit_code == EXIT_NOT_FOUND and "not found" in result.output
+
+
+def test_env_is_added_to_the_inherited_environment(tmp_path):
+    result = run_command('echo "$FTL_X:${PATH:+has-path}"', cwd=tmp_path, timeout_s=10,
+                         env={"FTL_X": "42"})
+    assert result.stdout == "42:has-path\n"
+
+
+def test_bad_cwd_and_empty_command_are_input_errors(tmp_path):
+    with pytest.raises(FtlError) as missing:
+        run_command("true", cwd=tmp_path / "nope", timeout_s=1)
+    assert missing.value.error_type == "not_found"
+    with pytest.raises(FtlError) as empty:
+        run_command("   ", cwd=tmp_path, timeout_s=1)
+    assert empty.value.error_type == "invalid_params"
+
+
+def test_timeout_kills_child_and_grandchild(tmp_path):
+    script = "sleep 60 & echo $! > grandchild.pid; echo $$ > child.pid; wait"
+    result = run_command(script, cwd=tmp_path, timeout_s=0.5)
+    assert result.timed_out and result.exit_code is None and not result.ok
+    for name in ("child.pid", "grandchild.pid"):
+        assert wait_dead(int((tmp_path / name).read_text())), f"{name} survived the timeout"
+
+
+def test_timeout_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path):
+    script = "trap '' TERM; echo $$ > child.pid; while :; do sleep 0.05; done"
+    result = run_command(script, cwd=tmp_path, timeout_s=0.5, grace_s=0.2)
+    assert result.timed_out
+    assert wait_dead(int((tmp_path / "child.pid").read_text()))
+
+
+def test_cancel_stops_the_group(tmp_path):
+    cancel = threading.Event()
+    pid_file = tmp_path / "child.pid"
+
+    def cancel_when_started():
+        wait_file(pid_file)
+        cancel.set()
+
+    helper = threading.Thread(target=cancel_when_started)
+    helper.start()
+    result = run_command("echo $$ > child.pid; sleep 60", cwd=tmp_path, timeout_s=60, cancel=cancel)
+    helper.join()
+    assert result.cancelled and not result.timed_out and result.exit_code is None
+    assert wait_dead(int(pid_file.read_text()))
+
+
+def test_cancel_set_before_start_does_not_run_the_command(tmp_path):
+    cancel = threading.Event()
+    cancel.set()
+    result = run_command("touch ran", cwd=tmp_path, timeout_s=10, cancel=cancel)
+    assert result.cancelled and not (tmp_path / "ran").exists()
+
+
+def test_background_process_left_behind_is_stopped_when_the_command_exits(tmp_path):
+    result = run_command("sleep 60 >/dev/null 2>&1 & echo $! > bg.pid", cwd=tmp_path, timeout_s=10)
+    assert result.ok
+    assert wait_dead(int((tmp_path / "bg.pid").read_text()))
+
+
+def test_large_output_on_both_streams_does_not_deadlock_and_keeps_the_tail(tmp_path):
+    code = ("import sys; sys.stdout.write('a' * 3_000_000 + 'END-OUT'); sys.stdout.flush(); "
+            "sys.stderr.write('b' * 3_000_000 + 'END-ERR')")
+    result = run_command([sys.executable, "-c", code], cwd=tmp_path, timeout_s=30,
+                         output_limit_bytes=1000)
+    assert result.ok and result.truncated
+    assert result.stdout.endswith("END-OUT") and len(result.stdout) == 1000
+    assert result.stderr.endswith("END-ERR") and len(result.stderr) == 1000
+    assert len(result.output) == 1000 and result.output.endswith("END-ERR")
+
+
+def test_large_stdin_and_large_output_at_once(tmp_path):
+    payload = os.urandom(1_500_000).hex().encode()  # 3 MB
+    result = run_command(["cat"], cwd=tmp_path, timeout_s=30, stdin=payload, output_limit_bytes=64)
+    assert result.ok and result.stdout.encode() == payload[-64:]
+
+
+def test_invalid_utf8_is_replaced_not_raised(tmp_path):
+    result = run_command("printf 'ok\\377\\376'", cwd=tmp_path, timeout_s=10)
+    assert result.ok and result.stdout.startswith("ok") and "\ufffd" in result.stdout
+
+
+def test_child_dies_when_the_spawning_process_is_sigkilled(tmp_path):
+    """PR_SET_PDEATHSIG: a SIGKILL of ftl takes its direct child down with it."""
+    parent_code = textwrap.dedent(f"""
+        from pathlib import Path
+        from ftl.server.tools.proc import run_command
+        run_command("echo $$ > child.pid; exec sleep 60", cwd=Path({str(tmp_path)!r}), timeout_s=60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", parent_code])
+    try:
+        child = int(wait_file(tmp_path / "child.pid"))
+        assert alive(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        assert wait_dead(child)
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+
+
+# --------------------------------------------------------------------------- change detection
+
+def test_git_status_lists_changes_relative_to_the_repo(git_repo):
+    write(git_repo, {"a.py": "A = 2\n", "new dir/n.py": "N = 1\n"})
+    (git_repo / "b.py").unlink()
+    assert git_status(git_repo) == {"a.py": " M", "b.py": " D", "new dir/n.py": "??"}
+    sub = git_repo / "new dir"
+    assert git_status(sub) == {"n.py": "??"}
+
+
+def test_git_status_is_none_outside_a_work_tree(tmp_path):
+    assert git_status(tmp_path) is None
+
+
+def test_snapshot_sees_a_second_edit_of_an_already_dirty_file(git_repo):
+    write(git_repo, {"a.py": "A = 2\n"})
+    method, before = snapshot_tree(git_repo)
+    write(git_repo, {"a.py": "A = 3\n", ".ftl/ftl.db": "x"})
+    _, after = snapshot_tree(git_repo, method)
+    assert method == "git" and changed_paths(before, after) == ["a.py"]
+
+
+def test_snapshot_sees_a_revert_to_head(git_repo):
+    write(git_repo, {"a.py": "A = 2\n"})
+    _, before = snapshot_tree(git_repo)
+    git(git_repo, "checkout", "--", "a.py")
+    _, after = snapshot_tree(git_repo, "git")
+    assert changed_paths(before, after) == ["a.py"]
+
+
+def test_snapshot_without_git_walks_the_tree(tmp_path):
+    write(tmp_path, {"a.py": "1", "node_modules/x.js": "1"})
+    method, before = snapshot_tree(tmp_path)
+    write(tmp_path, {"a.py": "22", "c.py": "1", "node_modules/x.js": "22"})
+    _, after = snapshot_tree(tmp_path, method)
+    assert method == "walk" and changed_paths(before, after) == ["a.py", "c.py"]
