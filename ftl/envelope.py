@@ -43,7 +43,7 @@ class Warning:
 
     def render(self) -> dict[str, Any]:
         return {"code": self.code, "severity": WARNINGS.get(self.code, "warning"),
-                "message": self.message, "context": self.context or {}}
+                "message": scrub_value(self.message), "context": scrub_value(self.context or {})}
 
 
 def new_request_id() -> str:
@@ -52,7 +52,7 @@ def new_request_id() -> str:
 
 def _meta(request_id: str | None, warnings: list[Warning]) -> dict[str, Any]:
     return {"version": VERSION, "request_id": request_id or new_request_id(),
-            "warnings": [w.message for w in warnings],
+            "warnings": [scrub_value(w.message) for w in warnings],
             "warning_details": [w.render() for w in warnings]}
 
 

@@ -81,22 +81,40 @@ def repair_tail(path: Path) -> int:
         handle.seek(size - 1)
         if handle.read(1) == b"\n":
             return 0
-        # Walk back to the last newline in blocks; a log line is rarely long.
-        position, block = size, 4096
-        keep = 0
-        while position > 0:
-            start = max(0, position - block)
-            handle.seek(start)
-            chunk = handle.read(position - start)
-            index = chunk.rfind(b"\n")
-            if index >= 0:
-                keep = start + index + 1
-                break
-            position = start
+        tail_start = _last_line_start(handle, size)
+        handle.seek(tail_start)
+        if _is_record(handle.read(size - tail_start)):
+            # jsonlines writes the record and its newline separately: a kill between the two
+            # leaves a whole record, which is kept and terminated rather than cut.
+            handle.seek(size)
+            handle.write(b"\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+            return 0
+        keep = tail_start
         handle.truncate(keep)
         handle.flush()
         os.fsync(handle.fileno())
         return size - keep
+
+
+def _last_line_start(handle: Any, size: int) -> int:
+    position, block = size, 4096
+    while position > 0:
+        start = max(0, position - block)
+        handle.seek(start)
+        index = handle.read(position - start).rfind(b"\n")
+        if index >= 0:
+            return start + index + 1
+        position = start
+    return 0
+
+
+def _is_record(raw: bytes) -> bool:
+    try:
+        return isinstance(json.loads(raw), dict)
+    except ValueError:
+        return False
 
 
 @dataclass

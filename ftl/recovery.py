@@ -29,7 +29,8 @@ T = TypeVar("T")
 # Output text that marks a failure as transient, checked in order (FTL ERROR_HANDLING lists
 # timeouts, network errors, rate limits, lock contention and flaky tests as transient).
 _TRANSIENT_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?i)\b(429|too many requests|rate[ -]?limit(ed)?)\b"), "rate_limited"),
+    (re.compile(r"(?i)\b(?:HTTP(?:/[\d.]+)?\s+429|status(?: code)?[:= ]\s*429|429 too many requests"
+                r"|too many requests|rate[ _-]?limit(?:ed)?)\b"), "rate_limited"),
     (re.compile(r"(?i)(database is locked|could not (obtain|acquire) (a )?lock|lock(ed)? by another"
                 r"|resource temporarily unavailable|\.lock\b.*exists|lockfile)"), "lock_contention"),
     (re.compile(r"(?i)(connection (refused|reset|aborted|timed out)|temporary failure in name "
@@ -83,13 +84,13 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
     for pattern, error_type in _TRANSIENT_MARKERS:
         if pattern.search(output):
             return FtlError(error_type, details, retry_after_ms=retry_after_ms(output))
-    if what == "verify":
-        return FtlError("flaky_test", details)
     for pattern, error_type in _STRUCTURAL_MARKERS:
         found = pattern.search(output)
         if found:
             details["name"] = found.group(0)
             return FtlError(error_type, details)
+    if what == "verify":
+        return FtlError("flaky_test", details)
     return FtlError("task_failed", details)
 
 
@@ -212,11 +213,19 @@ class RecoveryProtocol:
             and isinstance(rs.outcome.exception(), FtlError),
             stop=stop, wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True)
         try:
+            last: FtlError | None = None
             for attempt in retrying:
                 with attempt:
-                    return attempt_once(attempt.retry_state.attempt_number)
+                    if last is not None and self.cancel.is_set():
+                        raise last  # cancelled during the backoff: no further attempt
+                    try:
+                        return attempt_once(attempt.retry_state.attempt_number)
+                    except FtlError as error:
+                        last = error
+                        raise
         except FtlError as error:
             final = escalate(error) if escalate else error
+            final.op_id = op_id
             if final is not error:
                 final.details.setdefault("op_id", op_id)
                 final.emitted = True
@@ -224,8 +233,16 @@ class RecoveryProtocol:
         raise AssertionError("tenacity ended without a result")  # pragma: no cover
 
     def recovery(self, *, strategy: str, success: bool, state: str | None = None,
-                 **fields: Any) -> None:
-        """Record an in-state recovery attempt and whether it worked (``RECOVERY_ATTEMPT``)."""
+                 error: FtlError | None = None, **fields: Any) -> None:
+        """Record an in-state recovery attempt and whether it worked (``RECOVERY_ATTEMPT``).
+
+        Passing the ``error`` being recovered from links the event to its operation (``op_id``)
+        so a postmortem can pair them even when tasks run in parallel.
+        """
+        if error is not None:
+            fields.setdefault("error_type", error.error_type)
+            if getattr(error, "op_id", None):
+                fields.setdefault("op_id", error.op_id)
         self.log.emit(ev.RECOVERY_ATTEMPT, state=state, strategy=strategy, success=success, **fields)
 
 

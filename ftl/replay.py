@@ -125,6 +125,7 @@ class _Checker:
             if self.run_open and not self.ended:
                 r.crash_boundaries.append(seq)
                 self.running.clear()  # in-flight attempts died with the process
+                self.unclassified.clear()  # a failure cut off by the crash is not the resume's
                 self._close_state(e)
             self.run_open, self.ended, self.in_state, self.state = True, False, False, None
             self.returned = False
@@ -176,11 +177,13 @@ class _Checker:
 
     # --- per-event handlers ---
     def on_tool_failure(self, e: dict[str, Any]) -> None:
-        self.unclassified[e["seq"]] = e
+        if not isinstance(e.get("seq"), int):
+            return
+        self.unclassified[e.get("seq")] = e
         op = e.get("op_id")
         if op:
             self.op_kind[op] = e.get("error_type", "")
-        self.r.failures.append({"seq": e["seq"], "tool": e.get("tool"), "task_seq": e.get("task_seq"),
+        self.r.failures.append({"seq": e.get("seq"), "tool": e.get("tool"), "task_seq": e.get("task_seq"),
                                 "error_type": e.get("error_type"), "message": e.get("message"),
                                 "attempt": e.get("attempt"), "op_id": op, "state": e.get("state"),
                                 "klass": None, "decision": None})
@@ -191,16 +194,18 @@ class _Checker:
             self.violation(e, "classify_before_act", "classification of an unknown failure")
             return
         for entry in reversed(self.r.failures):
-            if entry["seq"] == failure["seq"]:
+            if entry["seq"] == failure.get("seq"):
                 entry["klass"], entry["decision"] = e.get("klass"), e.get("decision")
                 break
         if e.get("op_id"):
             self.op_decision[e["op_id"]] = e.get("decision", "")
 
     def _check_classified(self, e: dict[str, Any]) -> None:
-        op = e.get("op_id")
+        op, task = e.get("op_id"), e.get("task_seq")
         for failure in self.unclassified.values():
-            if op is None or failure.get("op_id") == op:
+            same = failure.get("op_id") == op if op is not None else (
+                task is None or failure.get("task_seq") == task)
+            if same:
                 self.violation(e, "classify_before_act",
                                f"{e.get('event')} before failure {failure['seq']} was classified")
                 break
@@ -208,7 +213,7 @@ class _Checker:
     def on_retry(self, e: dict[str, Any]) -> None:
         self._check_classified(e)
         op = e.get("op_id")
-        self.r.retries.append({"seq": e["seq"], "op_id": op, "tool": e.get("tool"),
+        self.r.retries.append({"seq": e.get("seq"), "op_id": op, "tool": e.get("tool"),
                                "attempt": e.get("attempt"), "wait_ms": e.get("wait_ms"),
                                "error_type": e.get("error_type")})
         if self.op_decision.get(op) != "retry":
@@ -220,7 +225,7 @@ class _Checker:
 
     def on_recovery_attempt(self, e: dict[str, Any]) -> None:
         self._check_classified(e)
-        self.r.recoveries.append({"seq": e["seq"], "strategy": e.get("strategy"),
+        self.r.recoveries.append({"seq": e.get("seq"), "strategy": e.get("strategy"),
                                   "success": e.get("success"), "error_type": e.get("error_type")})
 
     def on_error_route(self, e: dict[str, Any]) -> None:
@@ -260,14 +265,14 @@ class _Checker:
             self.completed.add(task)
 
     def on_cascade_propagate(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e["seq"], "event": ev.CASCADE_PROPAGATE,
+        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_PROPAGATE,
                                "propagated": e.get("propagated", [])})
 
     def on_cascade_replan(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e["seq"], "event": ev.CASCADE_REPLAN, "affected": e.get("affected")})
+        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_REPLAN, "affected": e.get("affected")})
 
     def on_cascade_status(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e["seq"], "event": ev.CASCADE_STATUS,
+        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_STATUS,
                                "cascade_state": e.get("cascade_state"),
                                "unreachable": e.get("unreachable", [])})
 

@@ -273,8 +273,12 @@ class Runner:
                     if state is State.ERROR:
                         # An error while handling an error: return a bare internal error.
                         bare = FtlError("internal_error", {"correlation_id": run.campaign_id})
-                        return self._finish(run, Finish("returned", EXIT_RETURNED, {
-                            "error": {"error_type": bare.error_type, "message": bare.message}}))
+                        summary = {"error": {"error_type": bare.error_type, "message": bare.message,
+                                             "details": bare.safe_details()},
+                                   "route": "summary", "message": bare.message}
+                        run.log.emit(ev.RETURN, reason=bare.error_type, route="summary",
+                                     summary={"message": bare.message})
+                        return self._finish(run, Finish("returned", EXIT_RETURNED, summary))
                     run.error = error
                     run.error_origin = state.value
                     machine.fire("fail")

@@ -44,8 +44,10 @@ def truncate_utf8(text: str, limit_bytes: int = MESSAGE_LIMIT_BYTES, marker: str
     encoded = text.encode("utf-8")
     if len(encoded) <= limit_bytes:
         return text
-    room = max(0, limit_bytes - len(marker.encode("utf-8")))
-    return encoded[:room].decode("utf-8", errors="ignore") + marker
+    marker_bytes = len(marker.encode("utf-8"))
+    if limit_bytes < marker_bytes:
+        return encoded[:max(0, limit_bytes)].decode("utf-8", errors="ignore")
+    return encoded[:limit_bytes - marker_bytes].decode("utf-8", errors="ignore") + marker
 
 
 def scrub_value(value: Any) -> Any:

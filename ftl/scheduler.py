@@ -32,7 +32,7 @@ from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
 
-__all__ = ["CancelToken", "Scheduler", "TaskOutcome", "OUTCOME_STATUSES"]
+__all__ = ["CancelToken", "Scheduler", "TaskOutcome", "OUTCOME_STATUSES", "critical_path_priority"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,44 @@ def _seq_key(seq: Hashable) -> tuple:
     return (1, 0, text)
 
 
+def critical_path_priority(deps: Mapping[str, Sequence[str]],
+                           durations: Mapping[str, float]) -> Callable[[str], float]:
+    """A ``priority`` for `Scheduler` that starts the task heading the longest remaining chain.
+
+    Each task's key is minus its bottom level: its own duration plus the longest chain of
+    duration through its dependents (list scheduling with "highest level first"). When more tasks
+    are ready than slots are free, this starts the one the critical path runs through, which
+    the plain seq order may leave waiting (see bench/bench_scheduler.py).
+
+    Args:
+        deps: seq -> seqs it depends on (deps outside the graph are ignored).
+        durations: seq -> expected duration in s (e.g. budget x seconds_per_budget); a
+            missing seq counts as 0.
+
+    Returns:
+        ``seq -> -bottom_level`` (lower starts first; unknown seqs get 0.0).
+
+    Raises:
+        FtlError(cycle_detected): the dependencies form a cycle.
+    """
+    dependents: dict[str, list[str]] = {seq: [] for seq in deps}
+    for seq, ds in deps.items():
+        for d in ds:
+            if d in dependents:
+                dependents[d].append(seq)
+    try:
+        order = list(TopologicalSorter({s: [d for d in ds if d in deps] for s, ds in deps.items()})
+                     .static_order())
+    except CycleError as exc:
+        cycle = [str(s) for s in exc.args[1]]
+        raise FtlError("cycle_detected", {"cycle": " -> ".join(cycle), "violations": cycle}) from None
+    level: dict[str, float] = {}
+    for seq in reversed(order):  # dependents first
+        level[seq] = float(durations.get(seq, 0.0)) + max((level[c] for c in dependents[seq]),
+                                                          default=0.0)
+    return lambda seq: -level.get(seq, 0.0)
+
+
 class Scheduler:
     """Run a DAG of tasks with at most ``jobs`` at once, each as soon as its deps are complete.
 
@@ -126,11 +164,19 @@ class Scheduler:
             reported, then ``run()`` re-raises the error.
         on_finish: ``(outcome, worker)``, called in the scheduler thread after the task
             returned and before any task it unblocked starts. If it raises, it is treated like
-            an ``on_start`` failure.
+            an ``on_start`` failure. Called at least once for every task whose ``on_start``
+            was entered: a Ctrl-C inside ``on_finish`` repeats that call during the drain, and
+            a Ctrl-C between ``on_start`` and the hand-over reports ``cancelled`` with
+            ``detail["reason"] == "interrupted_before_start"``, so it should tolerate a
+            repeat (errors it raises during a Ctrl-C drain are logged and noted on the
+            KeyboardInterrupt).
         done: seqs already complete (resume); never run, count as complete.
         blocked: seqs already blocked (resume); never run, their descendants never start.
         cancel: a token to share with the caller (e.g. a signal handler or an MCP cancel
             request); a new one when None.
+        priority: ``seq -> sort key``; when several tasks are ready, the lowest key starts
+            first, ties by seq. None: by seq number (``"9"`` before ``"10"``). See
+            `critical_path_priority`.
 
     Worker names are ``"w1"`` .. ``"w{jobs}"``; a name is used by at most one running task at
     a time and the lowest free name is taken first, so a name is a lane of a Gantt chart.
@@ -145,7 +191,8 @@ class Scheduler:
     def __init__(self, deps: Mapping[str, Sequence[str]], *, jobs: int, run_task: RunTask,
                  on_start: OnStart | None = None, on_finish: OnFinish | None = None,
                  done: Iterable[str] = (), blocked: Iterable[str] = (),
-                 cancel: CancelToken | None = None) -> None:
+                 cancel: CancelToken | None = None,
+                 priority: Callable[[str], Any] | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise FtlError("configuration_error", {
                 "problem": f"jobs must be an integer >= 1, got {jobs!r}",
@@ -155,6 +202,7 @@ class Scheduler:
         self._on_start = on_start
         self._on_finish = on_finish
         self._token = cancel if cancel is not None else CancelToken()
+        self._priority = priority
 
         bad = sorted((str(seq) for seq, ds in deps.items() if isinstance(ds, (str, bytes))))
         if bad:
@@ -184,7 +232,7 @@ class Scheduler:
             if seq not in self._done_seed:
                 self._sorter.add(seq, *(d for d in ds if d not in self._done_seed))
 
-        self._ready: list[tuple[tuple, str]] = []           # heap by _seq_key
+        self._ready: list[tuple[Any, tuple, str]] = []      # heap by (priority, _seq_key)
         self._free_workers: list[int] = list(range(1, jobs + 1))  # heap of lane numbers
         self._running: dict[str, str] = {}                  # seq -> worker, submitted or being
         self._outcomes: dict[str, TaskOutcome] = {}
@@ -238,12 +286,11 @@ class Scheduler:
         try:
             pool.start()
             self._loop(pool)
+            pool.close()
         except BaseException as interrupt:  # Ctrl-C, or a bug here: never leave tasks running
             self._token.cancel()
             self._drain_after_interrupt(pool, interrupt)
             raise
-        finally:
-            pool.close()
         if self._stop_error is not None:
             raise self._stop_error
         return dict(self._outcomes)
@@ -266,14 +313,15 @@ class Scheduler:
     def _collect_ready(self) -> None:
         for seq in self._sorter.get_ready():
             if seq not in self._blocked_seed:  # a seeded block never runs and is never done
-                heapq.heappush(self._ready, (_seq_key(seq), seq))
+                rank = self._priority(seq) if self._priority is not None else 0
+                heapq.heappush(self._ready, (rank, _seq_key(seq), seq))
 
     def _may_start(self) -> bool:
         return self._stop_error is None and not self._token.cancelled
 
     def _start_ready(self, pool: _Pool) -> None:
         while self._ready and self._free_workers and self._may_start():
-            _, seq = heapq.heappop(self._ready)
+            *_, seq = heapq.heappop(self._ready)
             worker = f"w{heapq.heappop(self._free_workers)}"
             # Registered before on_start so an interrupt inside it still gets an on_finish.
             self._running[seq] = worker

@@ -138,23 +138,24 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     try:
         result = group.main(args=argv, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
     except FtlError as error:
-        _print(envelope.failure(error))
-        sys.exit(exit_code_for(error))
+        payload, code = envelope.failure(error), exit_code_for(error)
     except click.exceptions.Abort:
-        _print(envelope.failure(FtlError("cancelled")))
-        sys.exit(EXIT_INTERRUPTED)
+        payload, code = envelope.failure(FtlError("cancelled")), EXIT_INTERRUPTED
     except click.ClickException as exc:
-        _print(envelope.failure(_usage_error(exc)))
-        sys.exit(EXIT_REFUSED)
+        payload, code = envelope.failure(_usage_error(exc)), EXIT_REFUSED
     except Exception:  # noqa: BLE001 - fail closed: one envelope, the trace only in the log
         correlation_id = uuid.uuid4().hex[:12]
         log.exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
-        _print(envelope.internal_failure(correlation_id))
-        sys.exit(EXIT_INTERNAL)
-    if isinstance(result, Reply):
-        _print(envelope.success(result.data, warnings=result.warnings))
-        sys.exit(result.exit_code)
-    sys.exit(result if isinstance(result, int) else EXIT_OK)  # --help
+        payload, code = envelope.internal_failure(correlation_id), EXIT_INTERNAL
+    else:
+        if not isinstance(result, Reply):  # --help printed its text
+            _detach_repo_logs()
+            sys.exit(result if isinstance(result, int) else EXIT_OK)
+        payload = envelope.success(result.data, warnings=result.warnings)
+        code = result.exit_code
+    _detach_repo_logs()
+    _print(payload)
+    sys.exit(code)
 
 
 # --------------------------------------------------------------------------- context
@@ -188,7 +189,7 @@ class Env:
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
         handler.setLevel(logging.WARNING)
         logging.getLogger("ftl").addHandler(handler)
-        self._handler = handler
+        _REPO_HANDLERS.append(handler)  # detached by `run` after the last record
 
     @property
     def store(self):
@@ -230,8 +231,17 @@ class Env:
     def close(self) -> None:
         if self._store is not None:
             self._store.close()
-        logging.getLogger("ftl").removeHandler(self._handler)
-        self._handler.close()
+            self._store = None
+
+
+_REPO_HANDLERS: list[logging.Handler] = []
+
+
+def _detach_repo_logs() -> None:
+    while _REPO_HANDLERS:
+        handler = _REPO_HANDLERS.pop()
+        logging.getLogger("ftl").removeHandler(handler)
+        handler.close()
 
 
 def no_active_campaign() -> FtlError:
@@ -256,7 +266,8 @@ def script_group(name: str, help_text: str) -> click.Group:
 _EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
               "`data` (arrays as {\"items\": [...]}, null as {}). Exit codes: 0 success, 2 refused "
               "(bad input, unknown campaign/seq/plan, illegal transition), 1 internal or transient "
-              "error (retry).")
+              "error (retry). § numbers in the help refer to FTL's behaviour reference "
+              "(shared/reference/ftl-behaviour.md).")
 
 
 # --------------------------------------------------------------------------- input parsing
@@ -271,7 +282,7 @@ def parse_json_text(text: str, source: str) -> Any:
     if not text.strip():
         raise violation("$", f"the {source} is empty", f"send one JSON value on the {source}")
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise FtlError("schema_invalid", {"count": 1, "violations": [{
             "path": "$", "line": exc.lineno, "column": exc.colno,
@@ -280,6 +291,12 @@ def parse_json_text(text: str, source: str) -> Any:
             message=f"The {source} is not valid JSON (line {exc.lineno}, column {exc.colno}).") from None
     except RecursionError:
         raise violation("$", "JSON nested too deeply to read", "send less deeply nested JSON") from None
+    except ValueError as exc:  # NaN / Infinity
+        raise violation("$", str(exc), "use null or a finite number") from None
+
+
+def _reject_constant(name: str) -> None:
+    raise ValueError(f"{name} is not valid JSON")
 
 
 def read_stdin_json(source: str = "standard input") -> Any:

@@ -9,14 +9,18 @@ every command prints one response-v2 envelope whose ``data`` is FTL's payload (s
 from __future__ import annotations
 
 import json
+import sys
 from datetime import date
 from pathlib import Path
 from typing import Any
 
 import click
 
+# The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
 from _common import (TASK_STATUS_ALIASES, Env, Reply, campaign_entry, command, fingerprint,
-                     read_stdin_json, replan_input, run, script_group, violation,
+                     parse_json_text, read_stdin_json, replan_input, run, script_group, violation,
                      wrap)
 from ftl.errors import FtlError
 
@@ -372,16 +376,58 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
 
     Complete and running tasks never change; a blocked or pending task listed in the revision
     takes its revised spec (every field) and is pending; new seqs are added (up to
-    max_replan_new_tasks). FTL kept only `depends`, dropped new tasks, never updated the plan
+    max_replan_new_tasks). The revision may list only the tasks it changes or adds; the
+    merged graph is checked. FTL kept only `depends`, dropped new tasks, never updated the plan
     and exited 0 on errors (§8.2 item 8). data: {merged, unchanged, added, plan_version}.
     Invalid plan, cycle or unknown dependency -> failure envelope, nothing saved (exit 2).
     """
-    from ftl.validation import load_plan_file
-
-    plan = load_plan_file(path)
     campaign = env.active()
-    return Reply(env.store.merge_revised_plan(campaign["campaign_id"], plan,
-                                              max_new_tasks=env.config.max_replan_new_tasks))
+    cid = campaign["campaign_id"]
+    plan = _load_revision(path, {r["seq"] for r in env.store.tasks(cid)})
+    return Reply(env.store.merge_revised_plan(cid, plan, max_new_tasks=env.config.max_replan_new_tasks))
+
+
+def _load_revision(path: Path, existing: set[str]):
+    """Read and validate a revised plan that may list only the tasks it changes or adds.
+
+    Validation is `ftl.validation.parse_plan`'s, except that a dependency on a campaign task the
+    revision does not list is left to the store, which checks the merged graph (FTL checked the
+    merged task list too, §6.8). Raises: FtlError(not_found | schema_invalid | cycle_detected).
+    """
+    from ftl.models import Plan, normalize_depends, normalize_seq
+    from ftl.validation import parse_plan
+
+    try:
+        data = path.read_bytes()
+    except OSError:
+        raise FtlError("not_found", {"what": f"revised plan file {path.name}"},
+                       message=f"The revised plan file {path.name} cannot be read.") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise violation("$", f"{path.name} is not UTF-8 text", "save the plan as UTF-8 JSON") from None
+    raw = parse_json_text(text, f"revised plan file {path.name}")
+    checked = raw
+    if isinstance(raw, dict) and isinstance(raw.get("tasks"), list):
+        listed = set()
+        for item in raw["tasks"]:
+            try:
+                listed.add(normalize_seq(item.get("seq")) if isinstance(item, dict) else None)
+            except ValueError:
+                pass
+        outside = existing - listed
+        tasks = []
+        for item in raw["tasks"]:
+            try:
+                deps = normalize_depends(item.get("depends")) if isinstance(item, dict) else None
+            except ValueError:
+                deps = None  # parse_plan reports it
+            if deps is not None and outside & set(deps):
+                item = {**item, "depends": [d for d in deps if d not in outside]}
+            tasks.append(item)
+        checked = {**raw, "tasks": tasks}
+    parse_plan(checked, source=f"revised plan file {path.name}")
+    return Plan.model_validate(raw)
 
 
 if __name__ == "__main__":

@@ -14,9 +14,14 @@ FTL's ``created_at`` is absent. Output and exit codes: see ``lib/_common.py``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
+
+# The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Env, Reply, command, read_stdin_json, run, script_group, wrap
 from ftl.errors import FtlError

@@ -17,9 +17,14 @@ workspace_id), ``status`` (active | built | complete | blocked | cancelled | aba
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 from typing import Any
 
 import click
+
+# The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import Env, Reply, command, parse_json_option, parse_workspace_ref, run, script_group, wrap
 from ftl.envelope import Warning

@@ -72,9 +72,13 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
         if built is None:
             builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
             try:
+                # Parallel tasks share one work tree: files other tasks may write are not
+                # charged to this one by the file-scope check.
+                others = sorted({path for other in run.current_plan.tasks if other.seq != seq
+                                 for path in (*other.delta, *other.creates)})
                 build_result = run.recovery.run(
-                    lambda n: _build_once(run, facts, builder, spec, seq, cancel),
-                    tool=builder, seq=seq, state="EXECUTE", escalate=_escalate_build)
+                    lambda n: _build_once(run, facts, builder, spec, seq, cancel, others),
+                    tool=builder, seq=seq, state=run.machine_state, escalate=_escalate_build)
             except FtlError as error:
                 if cancel.is_set():
                     return TaskOutcome(seq, "cancelled", {})
@@ -92,7 +96,7 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
         try:
             verify = run.recovery.run(
                 lambda n: _verify_once(run, facts, task.verify, seq, cancel),
-                tool="run_verify", seq=seq, state="EXECUTE", escalate=escalate_flaky)
+                tool="run_verify", seq=seq, state=run.machine_state, escalate=escalate_flaky)
         except FtlError as error:
             if cancel.is_set():
                 return TaskOutcome(seq, "cancelled", {})
@@ -107,9 +111,10 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
 
 
 def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
-                cancel: threading.Event) -> dict[str, Any]:
-    result = run.tools.call(BUILD_INTENT, facts, builder, {"workspace": spec},
-                            state="EXECUTE", seq=seq, cancel=cancel)
+                cancel: threading.Event, exclude_paths: list[str]) -> dict[str, Any]:
+    result = run.tools.call(BUILD_INTENT, facts, builder,
+                            {"workspace": spec, "exclude_paths": exclude_paths},
+                            state=run.machine_state, seq=seq, cancel=cancel)
     if result.get("status") != "complete":
         raise classify_command(result, what="build", seq=seq)
     return result
@@ -119,7 +124,7 @@ def _verify_once(run: Run, facts: list, command: str, seq: str,
                  cancel: threading.Event) -> dict[str, Any]:
     result = run.tools.call(VERIFY_INTENT, facts, "run_verify",
                             {"command": command, "timeout_s": run.config.verify_timeout_s},
-                            state="EXECUTE", seq=seq, cancel=cancel)
+                            state=run.machine_state, seq=seq, cancel=cancel)
     if not result.get("passed"):
         raise classify_command(result, what="verify", seq=seq)
     return result
@@ -138,17 +143,17 @@ def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
     tail = str(error.details.get("output_tail") or "")
     if tail:
         reason += "\n" + tail[-1500:]
-    run.recovery.recovery(strategy="block_task", success=True, state="EXECUTE",
-                          task_seq=workspace.seq, error_type=error.error_type)
+    run.recovery.recovery(strategy="block_task", success=True, state=run.machine_state,
+                          task_seq=workspace.seq, error=error)
     run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
                                "blocked", {"error_type": error.error_type, "reason": reason})
     return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type})
 
 
 def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str) -> None:
-    failure = run.log.emit(ev.TOOL_FAILURE, state="EXECUTE", tool=tool, task_seq=seq,
+    failure = run.log.emit(ev.TOOL_FAILURE, state=run.machine_state, tool=tool, task_seq=seq,
                            error_type=error.error_type, message=error.message, details=error.details)
-    run.log.emit(ev.FAILURE_CLASSIFIED, state="EXECUTE", tool=tool, task_seq=seq,
+    run.log.emit(ev.FAILURE_CLASSIFIED, state=run.machine_state, tool=tool, task_seq=seq,
                  failure_seq=failure["seq"], error_type=error.error_type,
                  klass=error.kind.klass.value, decision="structural")
 

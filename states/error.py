@@ -1,6 +1,7 @@
 """ERROR: route the error by its registry row (FTL ERROR_PATTERN, every route reachable).
 
-    timeout            -> PLAN with the partial exploration
+    timeout            -> PLAN with the partial exploration (only from EXPLORE)
+    decision_unknown   -> PLAN (treated as CLARIFY; only from EXPLORE, else summary)
     quorum_failure     -> RETURN the partial results
     cascade_stuck      -> run cascade analysis and RETURN it
     schema_invalid,

@@ -268,9 +268,6 @@ def test_complete_last_line_without_newline_is_kept(tmp_path: Path) -> None:
     assert not report.torn_tail
 
 
-@pytest.mark.xfail(strict=True, reason="EventLog reopen (repair_tail) cuts a complete last record "
-                   "that only lacks its newline, which read_events keeps: the event is lost and its "
-                   "seq is reused by the next event (events.py repair_tail)")
 def test_reopen_keeps_a_complete_record_that_lacks_its_newline(tmp_path: Path) -> None:
     # jsonlines writes the record and its newline in two calls, so kill -9 can land between them.
     path = tmp_path / "c1.jsonl"
@@ -331,8 +328,9 @@ rng = random.Random(7)
 n = 0
 while True:
     n += 1
-    # Lines up to ~3 buffer sizes, so the kill often lands inside a line.
-    log.emit("TOOL_CALL", n=n, pad="p" * rng.randrange(1, 24_000))
+    # Lines of up to 1.5 MB: the kernel may stop a write this long part-way when SIGKILL
+    # arrives, so about half of the runs leave a torn last line to repair.
+    log.emit("TOOL_CALL", n=n, pad="p" * rng.randrange(1, 1_500_000))
 """
 
 
@@ -343,12 +341,12 @@ def test_kill_9_while_appending_loses_at_most_the_last_line(tmp_path: Path) -> N
     try:
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:  # wait for real progress, not for a fixed time
-            if path.exists() and path.read_bytes().count(b"\n") >= 40:
+            if path.exists() and path.stat().st_size >= 4_000_000:
                 break
             assert child.poll() is None, "the writer died on its own"
-            time.sleep(0.01)
+            time.sleep(0.002)
         else:
-            pytest.fail("the child wrote fewer than 40 events in 15 s")
+            pytest.fail("the child wrote less than 4 MB in 15 s")
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
@@ -357,6 +355,7 @@ def test_kill_9_while_appending_loses_at_most_the_last_line(tmp_path: Path) -> N
     raw_lines = path.read_bytes().split(b"\n")
     body, tail = raw_lines[:-1], raw_lines[-1]  # tail is b"" when the kill fell between lines
     seqs = [json.loads(line)["seq"] for line in body]  # every newline-ended line is whole
+    assert len(seqs) >= 2
     assert seqs == list(range(1, len(seqs) + 1))
 
     with ev.EventLog(path, "c-kill") as log:

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftl.errors import FtlError
-from ftl.scheduler import CancelToken, Scheduler, TaskOutcome
+from ftl.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
 
 SAFETY_S = 10.0  # only reached when the scheduler misbehaves
 
@@ -96,6 +96,26 @@ def test_ready_tasks_start_in_numeric_seq_order():
     rec = Recorder()
     make({"10": [], "9": [], "010a": [], "2": ["10"]}, rec, jobs=1).run()
     assert rec.kinds("start") == ["9", "10", "2", "010a"]
+
+
+def test_priority_orders_ready_tasks_ties_by_seq():
+    rec = Recorder()
+    rank = {"001": 1, "002": 0, "003": 0, "004": 0}
+    make({"001": [], "002": [], "003": [], "004": ["001"]}, rec, jobs=1,
+         priority=rank.__getitem__).run()
+    assert rec.kinds("start") == ["002", "003", "001", "004"]
+
+
+def test_critical_path_priority_prefers_the_longest_remaining_chain():
+    deps = {"001": [], "002": [], "003": ["002"], "004": ["003", "999"]}
+    key = critical_path_priority(deps, {"001": 5.0, "002": 1.0, "003": 2.0, "004": 3.0})
+    assert [key(s) for s in ["001", "002", "003", "004", "zzz"]] == [-5.0, -6.0, -5.0, -3.0, 0.0]
+    rec = Recorder()
+    make(deps, rec, jobs=1, priority=key).run()
+    assert rec.kinds("start") == ["002", "001", "003", "004"]
+    with pytest.raises(FtlError) as err:
+        critical_path_priority({"001": ["002"], "002": ["001"]}, {})
+    assert err.value.error_type == "cycle_detected"
 
 
 def test_never_more_than_jobs_and_lanes_are_reused():
@@ -277,6 +297,9 @@ def test_ctrl_c_at_every_line_of_the_scheduler_thread_leaves_nothing_unreported(
         finished = set(rec.kinds("finish"))
         assert set(rec.kinds("run")) <= finished and set(rec.kinds("start")) <= finished, n
         assert finished == set(sched.outcomes), n
+        for thread in threading.enumerate():  # a thread caught mid-start exits on its own
+            if thread.name.startswith("ftl-task-"):
+                thread.join(SAFETY_S)
         assert threading.active_count() == baseline_threads, n
         if not interrupted:  # n is past the last line of an uninterrupted run
             assert set(sched.outcomes) == set(deps)

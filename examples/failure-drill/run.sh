@@ -7,7 +7,7 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work="$(dirname "$here")/work"
+work="${FTL_WORK_DIR:-$(dirname "$here")/work}"
 repo="$work/failure-drill"
 export PYTHON="${PYTHON:-python3}"
 ftl_bin="${FTL_BIN:-ftl}"

@@ -13,7 +13,7 @@ sdist="more_itertools-$version.tar.gz"
 sha256="cbf08fd0af284dc69718b9b76a8e6203df624d70209ea511e4219d350c856f63"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work="$(dirname "$here")/work"
+work="${FTL_WORK_DIR:-$(dirname "$here")/work}"
 downloads="$work/downloads"
 repo="$work/$name"
 export PYTHON="${PYTHON:-python3}"

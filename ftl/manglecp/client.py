@@ -65,7 +65,10 @@ class ManglecpClient:
         Raises:
             FtlError(network_error): no manifest; FtlError(invalid_request): not a valid manifest.
         """
-        message = self.transport.manifest()
+        return self._parse_manifest(self.transport.manifest())
+
+    @staticmethod
+    def _parse_manifest(message: Mapping[str, Any]) -> Manifest:
         try:
             return Manifest.model_validate(message.get("payload", {}))
         except ValidationError as exc:
@@ -77,23 +80,27 @@ class ManglecpClient:
         """Return the manifest once the server is ``ready`` or ``degraded``.
 
         While it is ``booting`` or ``draining`` the client sends nothing (conformance C-3): it
-        sleeps with backoff and re-reads the manifest (session transports get it pushed).
+        waits for a pushed manifest (session transports) or sleeps with backoff and re-reads it.
 
         Raises:
             FtlError(server_not_ready): still not ready after ``boot_timeout_s``.
         """
-        manifest = self.manifest
+        raw = self.transport.manifest()
+        manifest = self._parse_manifest(raw)
         slept, attempt = 0.0, 0
         while manifest.status in ("booting", "draining"):
             if slept >= self.boot_timeout_s:
                 raise FtlError("server_not_ready", {"status": manifest.status},
                                retry_after_ms=int(self._backoff_ms(attempt)))
             delay = min(self._backoff_ms(attempt) / 1000, max(0.001, self.boot_timeout_s - slept))
-            self._sleep(delay)
+            if self.transport.supports_push:
+                self.transport.wait_manifest(raw, delay)
+            else:
+                self._sleep(delay)
             slept += delay
             attempt += 1
-            self.transport.manifest(refresh=True)
-            manifest = self.manifest
+            raw = self.transport.manifest(refresh=True)
+            manifest = self._parse_manifest(raw)
         return manifest
 
     # -- requests ------------------------------------------------------------------------------

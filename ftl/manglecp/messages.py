@@ -667,7 +667,7 @@ def _check_value(value: Any, path: str) -> tuple[Any, str | None]:
             items.append(item)
         return items, None
     if isinstance(value, dict):
-        if any(k in ("_var",) for k in value):
+        if "_var" in value:
             return value, f"{path} is a variable; variables are not allowed in asserted facts"
         out = {}
         for k in sorted(value):

@@ -80,6 +80,14 @@ class Transport(ABC):
             FtlError(network_error): the transport failed; FtlError(timeout): no reply in time.
         """
 
+    supports_push = False
+
+    def wait_manifest(self, seen: Mapping[str, Any], timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until the newest manifest is not ``seen`` (a manifest
+        envelope this transport returned). Only for ``supports_push`` transports; others return
+        False at once and the caller sleeps and re-reads."""
+        return False
+
     def close(self) -> None:
         """Release the connection (idempotent)."""
 
@@ -197,7 +205,9 @@ class StdioTransport(Transport):
     Args:
         command: argv of the server (e.g. ``[sys.executable, "-m", "ftl.server.serve", "--stdio"]``).
         cwd, env: for the subprocess.
-        manifest_timeout_s: how long to wait for the first manifest line.
+        manifest_timeout_s: how long to wait for the first manifest line, s.
+        close_timeout_s: how long `close` waits for the server to exit after EOF before killing
+            it, s.
     The server's stderr is passed through to ours. The manifest must be the first stdout line;
     later manifests (status changes) replace it. Replies with unknown ids are ignored
     (conformance C-6).
@@ -205,10 +215,13 @@ class StdioTransport(Transport):
 
     supports_progress = True
     supports_cancel = True
+    supports_push = True
 
     def __init__(self, command: Sequence[str], *, cwd: str | None = None,
-                 env: Mapping[str, str] | None = None, manifest_timeout_s: float = 60.0) -> None:
+                 env: Mapping[str, str] | None = None, manifest_timeout_s: float = 60.0,
+                 close_timeout_s: float = 10.0) -> None:
         self.command = list(command)
+        self.close_timeout_s = close_timeout_s
         try:
             self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             stderr=None, cwd=cwd, env=dict(env) if env else None)
@@ -220,7 +233,11 @@ class StdioTransport(Transport):
         self._manifest_cond = threading.Condition()
         self._reader = threading.Thread(target=self._read_loop, name="manglecp-stdio-reader", daemon=True)
         self._reader.start()
-        self.manifest(timeout_s=manifest_timeout_s)
+        try:
+            self.manifest(timeout_s=manifest_timeout_s)
+        except FtlError:
+            self.close()
+            raise
 
     def _read_loop(self) -> None:
         stdout = self.process.stdout
@@ -259,6 +276,12 @@ class StdioTransport(Transport):
             if self._manifest is None:
                 raise _network_error(self._boxes.closed_reason or "no manifest from the server in time")
             return self._manifest
+
+    def wait_manifest(self, seen: Mapping[str, Any], timeout_s: float) -> bool:
+        with self._manifest_cond:
+            return self._manifest_cond.wait_for(
+                lambda: self._manifest is not seen or self._boxes.closed_reason is not None,
+                timeout=timeout_s) and self._manifest is not seen
 
     def send(self, message: Mapping[str, Any]) -> None:
         """Write one message line.
@@ -314,7 +337,7 @@ class StdioTransport(Transport):
                 except OSError:
                     pass
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=self.close_timeout_s)
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()

@@ -1,17 +1,24 @@
 """Wiring of ftl's embedded MangleCP server: catalog + selection rules + configuration.
 
 `build_server` is what every surface uses: the runner in process (``InProcessTransport``), the
-``ftl serve --stdio`` subprocess and ``ftl serve --http``.
+``ftl serve --stdio`` subprocess and ``ftl serve --http``. `connect` gives the runner a client
+for whichever server ``config.server`` names.
 """
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 from ftl.config import Config
+from ftl.errors import FtlError
+from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.messages import PredicateSchema
 from ftl.manglecp.server import BearerAuth, Clock, ManglecpServer, ServerInfo, ServerLimits
+from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
 from ftl.server.catalog import TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities
 from ftl.server.evaluator import RULES_DIR, ClingoEvaluator
 
@@ -103,3 +110,38 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
     evaluator = ClingoEvaluator(DOMAIN_RULES, facts, isolation=isolation)
     return ManglecpServer(server_info(), catalog, evaluator, limits=limits, auth=auth, clock=clock,
                           status=status)
+
+
+def connect(repo: Path, config: Config, *, server: str | None = None, in_process: bool = False,
+            token: str | None = None) -> ManglecpClient:
+    """A `ManglecpClient` for the server named by ``server`` (``config.server`` when None).
+
+    Args:
+        repo: repository the tools work on.
+        config: ftl configuration (passed whole to an embedded server).
+        server: ``None`` / ``"embedded"``: ftl's own server, as a ``python -m ftl.server.serve
+            --stdio`` subprocess (or in this process when ``in_process``); ``"stdio:CMD"``:
+            another stdio server (CMD split like a shell); ``http://...`` / ``https://...``: an
+            HTTP server.
+        in_process: run the embedded server in this process (tests, single-shot tools).
+        token: bearer token for HTTP servers (default: env ``FTL_MANGLECP_TOKEN``).
+    Raises:
+        FtlError(configuration_error): an unknown server spec; FtlError(network_error): the
+            server could not be started or reached.
+    """
+    spec = server if server is not None else config.server
+    if spec in (None, "", "embedded"):
+        if in_process:
+            return ManglecpClient(InProcessTransport(build_server(repo, config), close_server=True))
+        command = [sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(Path(repo).resolve()),
+                   "--config-json", config.model_dump_json()]
+        return ManglecpClient(StdioTransport(command))
+    if spec.startswith("stdio:"):
+        command = shlex.split(spec[len("stdio:"):])
+        if not command:
+            raise FtlError("configuration_error", {"problem": "server 'stdio:' needs a command"})
+        return ManglecpClient(StdioTransport(command, cwd=str(repo)))
+    if spec.startswith(("http://", "https://")):
+        return ManglecpClient(HttpTransport(spec, token=token or os.environ.get("FTL_MANGLECP_TOKEN")))
+    raise FtlError("configuration_error",
+                   {"problem": f"server must be 'embedded', 'stdio:CMD' or an http(s) URL, got {spec!r}"})

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import importlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 

@@ -30,7 +30,7 @@ import clingo
 import clingo.ast
 from multiprocessing.connection import Connection
 
-from ftl.manglecp.messages import NormalFact, ProtocolError
+from ftl.manglecp.messages import ProtocolError
 from ftl.manglecp.server import EvaluationInput, EvaluationResult, Selection
 
 log = logging.getLogger("ftl.server.evaluator")

@@ -231,6 +231,8 @@ def _host_port(value: str) -> tuple[str, int]:
               show_default=True, help="Repository the tools work on.")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="ftl.toml to use (default: <repo>/ftl.toml when present).")
+@click.option("--config-json", hidden=True,
+              help="The whole configuration as JSON (used by the runner to start its server).")
 @click.option("--token-env", metavar="NAME",
               help="Require `Authorization: Bearer <token>`, the token read from env var NAME.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
@@ -238,14 +240,18 @@ def _host_port(value: str) -> tuple[str, int]:
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="warning", show_default=True, help="Log level (logs go to stderr).")
 def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path | None,
-          token_env: str | None, cors_origins: tuple[str, ...], log_level: str) -> None:
+          config_json: str | None, token_env: str | None, cors_origins: tuple[str, ...],
+          log_level: str) -> None:
     """Run ftl's embedded MangleCP server (protocol 2026-02-draft).
 
     stdio: prints the manifest as the first stdout line, then one JSON reply per line; logs go to
     stderr; exits 0 on stdin EOF. HTTP: serves the well-known manifest and the evaluate/invoke
-    endpoints until interrupted. Exit codes: 0 clean shutdown, 2 bad usage or configuration.
+    endpoints until SIGINT/SIGTERM, then finishes in-flight requests and exits (uvicorn
+    re-raises the signal). Exit code 2: bad usage or configuration.
     """
-    from ftl.config import load_config
+    from pydantic import ValidationError
+
+    from ftl.config import Config, load_config
     from ftl.server.app import build_server
 
     logging.basicConfig(stream=sys.stderr, level=log_level.upper(),
@@ -259,9 +265,12 @@ def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path 
             raise click.UsageError(f"environment variable {token_env} is empty or not set")
         auth = BearerAuth({token: Principal("operator")})
     try:
-        config = load_config(config_path, repo)
+        config = (Config.model_validate_json(config_json) if config_json is not None
+                  else load_config(config_path, repo))
     except FtlError as exc:
         raise click.UsageError(exc.message) from None
+    except ValidationError as exc:
+        raise click.UsageError(f"--config-json: {exc.error_count()} invalid field(s)") from None
     server = build_server(repo, config, auth=auth, status="booting" if not http_addr else "ready")
     if http_addr:
         import uvicorn

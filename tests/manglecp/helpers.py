@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from ftl.errors import FtlError
 from ftl.manglecp.messages import PredicateSchema, envelope
 from ftl.manglecp.server import (
-    BearerAuth, InvocationContext, ManglecpServer, Principal, ServerInfo, ServerLimits, ToolDefinition)
+    BearerAuth, InvocationContext, ManglecpServer, ServerInfo, ServerLimits, ToolDefinition)
 from ftl.server.evaluator import ClingoEvaluator
 
 FIXTURE_RULES = (Path(__file__).with_name("rules") / "fixture.lp",)
@@ -42,9 +41,6 @@ def _echo(args: dict[str, Any], ctx: InvocationContext) -> dict[str, Any]:
 
 
 def _slow(args: dict[str, Any], ctx: InvocationContext) -> dict[str, Any]:
-    started = args.get("started")
-    if started is not None:
-        started()
     ctx.cancel.wait(args.get("seconds", 10))
     return {"finished": not ctx.cancel.is_set()}
 

@@ -12,7 +12,7 @@ from .conftest import agent, write
 
 RESULT_KEYS = {"status", "error_type", "retry_after_ms", "delivered", "reason", "utilized",
                "exit_code", "output", "timed_out", "cancelled", "duration_ms", "files_changed",
-               "out_of_scope", "change_detection"}
+               "out_of_scope", "change_detection", "timeout_s"}
 
 
 def workspace(**overrides):

@@ -170,7 +170,17 @@ def test_memory_without_a_store_is_ok_and_creates_nothing(tmp_path, ctx_for):
 def test_memory_unreadable_store_is_an_error_result(tmp_path, ctx_for):
     write(tmp_path, {".ftl/ftl.db": "this is not sqlite" * 100})
     result = explore(explore_memory, tmp_path, ctx_for)
-    assert result["status"] == "error" and result["error"]
+    assert result["status"] == "error" and result["error_type"] == "conflict" and result["error"]
+
+
+def test_unexpected_failure_is_an_error_result_without_internals(tmp_path, ctx_for, monkeypatch):
+    def boom(text):
+        raise RuntimeError(f"secret path {tmp_path}")
+
+    monkeypatch.setattr("ftl.server.tools.explorers.keywords", boom)
+    result = explore_delta(ExploreArgs(objective="x"), ctx_for(tmp_path, correlation_id="cid-7"))
+    assert result == {"mode": "delta", "status": "error", "error_type": "internal_error",
+                      "error": "RuntimeError in the delta explorer (correlation id cid-7)"}
 
 
 def test_memory_ranks_by_objective_overlap_and_finds_similar_campaigns(tmp_path, ctx_for):

@@ -10,9 +10,9 @@ Result keys (both builders):
 ``status`` (``complete`` | ``blocked`` | ``failed``), ``error_type`` (None, or an `ftl.errors`
 kind: ``task_failed``, ``timeout``, ``cancelled``, ``rate_limited``, ``schema_invalid``),
 ``retry_after_ms``, ``delivered``, ``reason``, ``utilized``, ``exit_code``, ``output`` (tail),
-``timed_out``, ``cancelled``, ``duration_ms``, ``files_changed``, ``out_of_scope``,
-``change_detection`` (``git`` | ``walk`` | ``unavailable`` when git failed after the
-run, in which case the change lists are empty).
+``timed_out``, ``cancelled``, ``duration_ms``, ``timeout_s`` (the limit applied, s),
+``files_changed``, ``out_of_scope``, ``change_detection`` (``git`` | ``walk`` | ``unavailable``
+when git failed after the run, in which case the change lists are empty).
 """
 
 from __future__ import annotations
@@ -109,11 +109,13 @@ def _run_in_scope(ws: Workspace, args: BuildArgs, ctx: ToolContext, command: str
     return result, {"files_changed": changed, "out_of_scope": scope, "change_detection": method}
 
 
-def _base(result: CommandResult, changes: dict[str, Any], limit: int) -> dict[str, Any]:
+def _base(result: CommandResult, changes: dict[str, Any], limit: int,
+          timeout_s: float) -> dict[str, Any]:
     return {"status": "failed", "error_type": None, "retry_after_ms": None, "delivered": "",
             "reason": None, "utilized": [], "exit_code": result.exit_code,
             "output": _tail(result.output, limit), "timed_out": result.timed_out,
-            "cancelled": result.cancelled, "duration_ms": result.duration_ms, **changes}
+            "cancelled": result.cancelled, "duration_ms": result.duration_ms,
+            "timeout_s": timeout_s, **changes}
 
 
 def _stopped(out: dict[str, Any], result: CommandResult, timeout_s: float) -> bool:
@@ -148,7 +150,7 @@ def shell_builder(args: BuildArgs, ctx: ToolContext) -> dict[str, Any]:
             "fix": "give the task a 'run' shell command, or use the agent builder"}]})
     limit = ctx.output_limit_bytes
     result, changes = _run_in_scope(ws, args, ctx, ws.run, None, limit)
-    out = _base(result, changes, limit)
+    out = _base(result, changes, limit, ws.timeout_s)
     if _stopped(out, result, ws.timeout_s):
         return out
     if result.exit_code == 0:
@@ -227,7 +229,7 @@ def agent_builder(args: BuildArgs, ctx: ToolContext) -> dict[str, Any]:
     stdin = ws.model_dump_json().encode()
     result, changes = _run_in_scope(ws, args, ctx, list(args.command), stdin,
                                     max(limit, AGENT_STDOUT_LIMIT))
-    out = _base(result, changes, limit)
+    out = _base(result, changes, limit, ws.timeout_s)
     if _stopped(out, result, ws.timeout_s):
         return out
     raw, build, problem = parse_build_result(result.stdout)

@@ -70,7 +70,8 @@ def _seconds(start: str | None, end: str | None) -> float | None:
     return span if span >= 0 else None
 
 
-def task_durations(tasks: list[dict[str, Any]], seconds_per_budget: float) -> tuple[dict[str, float], list[str]]:
+def task_durations(tasks: list[dict[str, Any]],
+                   seconds_per_budget: float) -> tuple[dict[str, float], list[str]]:
     """Duration of every task in s: recorded (``finished_at - started_at``) when known, else an
     estimate: the task's ``timeout_s``, or ``budget x seconds_per_budget`` (budget default 5).
 

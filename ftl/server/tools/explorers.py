@@ -5,7 +5,9 @@ result (``shared/reference/ftl-behaviour.md`` §5.5) with the documented key nam
 ``status`` (``ok`` | ``partial`` | ``error``), ``error`` when status is error, and the mode's
 findings. A tool that runs out of time or is cancelled returns what it found so far with status
 ``partial`` and ``stopped`` (``"timeout"`` | ``"cancelled"``); an unexpected failure (an unreadable
-tree, a broken store) is status ``error``, never an exception, so EXPLORE's quorum can count it.
+tree, a broken store) is status ``error`` with ``error`` and ``error_type``, never an exception,
+so EXPLORE's quorum can count it; unexpected exceptions are logged server-side with the
+correlation id and reported as ``internal_error`` without internals.
 
 Unlike FTL's explorers (an LLM running shell commands with a tool budget), these are plain code:
 deterministic for a given tree, store and objective.
@@ -17,6 +19,7 @@ import ast
 import configparser
 import fnmatch
 import json
+import logging
 import os
 import re
 import threading
@@ -29,11 +32,15 @@ from typing import Any, Callable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftl.errors import FtlError
 from ftl.server.tools.context import ToolContext
 from ftl.server.tools.proc import SKIP_DIRS, git_status
 
+log = logging.getLogger("ftl.server.tools.explorers")
+
 __all__ = ["ExploreArgs", "explore_structure", "explore_pattern", "explore_memory",
-           "explore_delta", "keywords", "detect_frameworks", "parse_readme_idioms", "FRAMEWORKS"]
+           "explore_delta", "keywords", "relevance", "detect_frameworks", "declared_packages",
+           "parse_readme_idioms", "score_candidate", "FRAMEWORKS"]
 
 
 class ExploreArgs(BaseModel):
@@ -84,8 +91,14 @@ def _guarded(mode: str, args: ExploreArgs, ctx: ToolContext,
     ctx.progress({"message": f"explorer {mode} started", "percent": None})
     try:
         findings = body(limits)
+    except FtlError as exc:  # registry messages are safe to show
+        return {"mode": mode, "status": "error", "error": exc.message, "error_type": exc.error_type}
     except Exception as exc:  # an explorer reports, EXPLORE's quorum decides
-        return {"mode": mode, "status": "error", "error": f"{type(exc).__name__}: {exc}"}
+        # Details (paths, traces) stay in the server log, keyed by the correlation id.
+        log.exception("explorer %s failed (correlation id %s)", mode, ctx.correlation_id)
+        return {"mode": mode, "status": "error", "error_type": "internal_error",
+                "error": f"{type(exc).__name__} in the {mode} explorer "
+                         f"(correlation id {ctx.correlation_id or 'none'})"}
     return _finish(mode, limits, findings)
 
 
@@ -103,13 +116,15 @@ def _iter_files(repo: Path, limits: _Limits) -> Iterator[Path]:
                          and not _is_venv(Path(root, d)))
         base = Path(root).relative_to(repo)
         for name in sorted(names):
+            if limits.stop():
+                return
             yield base / name
 
 
 def _read_text(path: Path, limit_bytes: int = 512 * 1024) -> str | None:
     """A file's text (UTF-8, replacement on errors), or None if unreadable, binary or too big."""
     try:
-        if path.stat().st_size > limit_bytes:
+        if not path.is_file() or path.stat().st_size > limit_bytes:  # no FIFOs or devices
             return None
         data = path.read_bytes()
     except OSError:
@@ -230,7 +245,10 @@ def explore_structure(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
         ``{mode: "structure", status, directories: {name: bool}, entry_points: [path],
         config_files: [path], test_pattern: str | None, file_count: int, language: str | None,
         languages: {language: file count}}``. ``directories`` has every top-level directory
-        (true) and the well-known names src/lib/tests/test/docs/scripts/examples (true or false).
+        (true) and the well-known names src/lib/tests/test/docs/scripts/examples (true or false);
+        ``entry_points`` are pyproject scripts' files, then files named like entry points
+        (``__main__.py``, ``main.py``, ``cli.py``, ``app.py``, ``index.js``, ...) at most two
+        directories deep; ``config_files`` are top-level only.
         Paths are repository-relative with ``/``. ``.git``, ``.ftl``, virtualenvs,
         ``node_modules`` and caches are skipped.
     """
@@ -346,7 +364,8 @@ _IMPORT_RE = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_]\w*)[\w.]*[ \t]+import\b
 _REQ_NAME_RE = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 _HEADING_RE = re.compile(r"^(#{1,6})\s+(.+?)\s*#*\s*$")
 _BULLET_RE = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+(.*\S)\s*$")
-_FORBID_WORDS = re.compile(r"\b(forbidden|avoid|never|don'?t|do not|must not|not allowed|anti-?patterns?)\b|❌|✗", re.I)
+_FORBID_WORDS = re.compile(
+    r"\b(forbidden|avoid|never|don'?t|do not|must not|not allowed|anti-?patterns?)\b|❌|✗", re.I)
 _REQUIRE_WORDS = re.compile(r"\b(required|must|always|do|use|prefer|conventions?)\b|✅|✓", re.I)
 
 

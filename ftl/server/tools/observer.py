@@ -175,7 +175,8 @@ def extract_patterns(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
         kind = "fixed-after-block" if blocked else "clean"
         patterns.append({
             "name": f"{task['slug']}--{kind}", "type": "pattern",
-            "trigger": f"{task['slug'].replace('-', ' ')}: {', '.join(files[:5]) or task.get('type', 'task')}",
+            "trigger": f"{task['slug'].replace('-', ' ')}: "
+                       f"{', '.join(files[:5]) or task.get('type', 'task')}",
             "insight": insight[:_TEXT_LIMIT],
             "source": [_source(campaign_id, w) for w in attempts]
                       or [f"{campaign_id}/{task['seq']}-{task['slug']}"],

@@ -167,8 +167,8 @@ def _from_json_answer(value: Any) -> dict[str, Any] | None:
                 "markers": ["json-plan"]}
     if isinstance(value, dict) and isinstance(value.get("decision"), str) \
             and value["decision"].upper() in _PRECEDENCE:
-        questions = [str(q) for q in value.get("questions") or [] if isinstance(q, (str, int, float))] \
-            if isinstance(value.get("questions"), list) else []
+        listed = value.get("questions") if isinstance(value.get("questions"), list) else []
+        questions = [str(q) for q in listed if isinstance(q, (str, int, float))]
         answer: dict[str, Any] = {"decision": value["decision"].upper(), "questions": questions,
                                   "inferred": False, "markers": ["json-decision"]}
         if _is_plan(value.get("plan")):
@@ -186,10 +186,11 @@ def parse_planner_output(text: str) -> dict[str, Any]:
        PROCEED; an envelope ``{"decision": ..., "plan"?: {...}, "questions"?: [...]}`` is taken
        as it says.
     2. Markdown. The decision is a header line ``Confidence: X`` or ``Decision: X`` (any heading
-       level, bold or not, any case) or a heading ``### X`` (capitals only), X in PROCEED/CLARIFY/CONFIRM; when
-       several differ, CLARIFY beats CONFIRM beats PROCEED. The plan is the first fenced block
-       that parses as a JSON plan; failing that, the first JSON plan object found in the text.
-       Questions are numbered or bulleted lines ending in "?" outside code fences.
+       level, bold or not, any case) or a heading ``### X`` (capitals only), X in PROCEED,
+       CLARIFY or CONFIRM; when several differ, CLARIFY beats CONFIRM beats PROCEED. The plan is
+       the first fenced block that parses as a JSON plan; failing that, the first JSON plan
+       object found in the text. Questions are numbered or bulleted lines ending in "?" outside
+       code fences.
     3. No header: a plan found means PROCEED; a "Questions" heading with questions means
        CLARIFY; otherwise UNKNOWN. These inferred decisions carry ``inferred: true``.
 

@@ -9,9 +9,10 @@ nothing a step started outlives the step.
 Linux only: the child asks the kernel (``prctl(PR_SET_PDEATHSIG, SIGKILL)``) to be killed when its
 parent goes away, so a ``kill -9`` of ftl does not leave builds running. Two caveats:
 
-* the signal fires when the *thread* that spawned the child exits, not the process; spawn from
+* the signal fires when the *thread* that spawned the child exits, not the process. Spawn from
   long-lived threads (the scheduler's workers, the server's request threads), never from a
-  short-lived helper thread;
+  short-lived helper thread. `run_command` holds its thread until the child is gone, so it is
+  safe from any thread; the caveat matters for code that passes `_child_setup` to Popen itself;
 * it reaches only the direct child. Grandchildren (what ``/bin/sh -c`` starts) are in the child's
   process group and are stopped by the timeout/cancel path, but not by the kernel after a
   ``kill -9`` of ftl.

@@ -28,7 +28,8 @@ def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
     Returns:
         ``{"passed": exit 0 and not timed out or cancelled, "exit_code" (None when stopped),
         "output" (combined stdout/stderr tail, at most ctx.output_limit_bytes bytes),
-        "timed_out", "cancelled", "duration_ms"}``. A failing command is a result, not an error.
+        "timed_out", "cancelled", "duration_ms", "timeout_s" (the limit applied, s)}``.
+        A failing command is a result, not an error.
 
     Raises:
         FtlError(invalid_params): the command is blank.
@@ -37,4 +38,4 @@ def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
                          output_limit_bytes=ctx.output_limit_bytes)
     return {"passed": result.ok, "exit_code": result.exit_code, "output": result.output,
             "timed_out": result.timed_out, "cancelled": result.cancelled,
-            "duration_ms": result.duration_ms}
+            "duration_ms": result.duration_ms, "timeout_s": args.timeout_s}

@@ -1,0 +1,150 @@
+"""Selection contracts C1-C6, limits and failure modes of the clingo evaluator (spec 05 §3,
+conformance items 17-19, 23-25, 28-31, 37)."""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from ftl.manglecp.messages import NormalFact
+from ftl.manglecp.server import EvaluationInput, ServerLimits
+from ftl.server.evaluator import to_symbol
+
+from .helpers import final, intent, make_server, tools_by_name
+
+
+def _names(reply):
+    return set(tools_by_name(final(reply)))
+
+
+@pytest.fixture
+def srv():
+    server = make_server()
+    yield server
+    server.close()
+
+
+def test_c1_c2_relevance_and_exclusion(srv):
+    names = _names(srv.handle(intent("diag")))
+    assert "mandatory_tool" in names                 # skeleton
+    assert "prohibited_tool" not in names            # C2: prohibited despite score 95
+    assert "other_tool" not in names                 # C1: belongs to intent `other`
+    assert _names(srv.handle(intent("other"))) == {"other_tool"}
+
+
+def test_uncovered_intent_gives_empty_list_not_error(srv):
+    reply = final(srv.handle(intent("nobody_serves_this")))
+    assert reply["type"] == "intent_response" and reply["payload"]["macro_tools"] == []
+    assert "eval_time_used" in reply["payload"]
+
+
+def test_c3_equal_score_conflict_keeps_smaller_name_every_time(srv):
+    for _ in range(5):
+        names = _names(srv.handle(intent("diag")))
+        assert "pair_a" in names and "pair_b" not in names
+
+
+def test_c4_dependency_added_or_dependent_dropped(srv):
+    tools = tools_by_name(final(srv.handle(intent("diag"))))
+    assert {"dependent_tool", "helper_tool"} <= set(tools)
+    assert tools["helper_tool"]["metadata"] == {"selection_phase": "dependency", "score": 80}
+    blocked = _names(srv.handle(intent("diag", [{"pred": "block_helper", "args": []}])))
+    assert "dependent_tool" not in blocked and "helper_tool" not in blocked
+
+
+def test_fresh_store_per_request(srv):
+    assert "enabled_tool" in _names(srv.handle(intent("diag", [{"pred": "enable", "args": ["x"]}])))
+    assert "enabled_tool" not in _names(srv.handle(intent("diag")))
+
+
+def _signature(reply):
+    payload = final(reply)["payload"]
+    return sorted((t["macro_id"], t["disclosure_level"], t.get("metadata", {}).get("score"))
+                  for t in payload["macro_tools"]), {k: v for k, v in payload.items()
+                                                     if k not in ("diagnostics", "eval_duration_ms")}
+
+
+def test_c6_determinism_100_runs_and_shuffled_facts():
+    facts = [{"pred": "enable", "args": ["x"]}, {"pred": "enable", "args": ["y"]},
+             {"pred": "task", "args": ["001", 3]}, {"pred": "flag", "args": [False]}]
+    first = make_server()
+    second = make_server()  # another server instance: ids do not depend on the process or instance
+    expected = _signature(first.handle(intent("diag", facts, eval_time="2026-02-19T14:30:00Z")))
+    rng = random.Random(7)
+    for run in range(100):
+        shuffled = facts[:]
+        rng.shuffle(shuffled)
+        server = first if run % 2 else second
+        assert _signature(server.handle(intent("diag", shuffled, eval_time="2026-02-19T14:30:00Z"))) == expected
+    first.close()
+    second.close()
+
+
+def test_gas_limit_trips_with_budget_and_no_tools(srv):
+    reply = final(srv.handle(intent("heavy", constraints={"max_facts_created": 10})))
+    payload = reply["payload"]
+    assert reply["type"] == "error" and payload["code"] == "derivation_limit_exceeded"
+    assert payload["recoverable"] is True
+    budget = payload["details"]["budget"]
+    assert budget["limit"] == 10 and budget["consumed"] >= 10 and budget["unit"] == "derived_facts"
+    assert payload["details"]["partial_results_available"] is False
+    assert "macro_tools" not in str(reply)
+    assert final(srv.handle(intent("heavy")))["type"] == "intent_response"
+
+
+def test_constraints_merge_to_the_server_limit():
+    server = make_server(limits=ServerLimits(max_derived_facts=30))
+    payload = final(server.handle(intent("heavy", constraints={"max_facts_created": 300})))["payload"]
+    assert payload["code"] == "derivation_limit_exceeded"
+    assert payload["details"]["budget"]["limit"] == 30
+    server.close()
+
+
+def test_unstratified_rules_fail_instead_of_picking_a_model(srv):
+    payload = final(srv.handle(intent("unstratified")))["payload"]
+    assert (payload["code"], payload["recoverable"]) == ("evaluation_failed", False)
+
+
+def test_eval_time_is_echoed_and_drives_temporal_rules(srv, clock):
+    deploy = {"pred": "seen", "args": ["deploy"], "t": {"at": "2026-02-19T14:30:00Z"}}
+    four_min = final(srv.handle(intent("temporal", [deploy], eval_time="2026-02-19T14:34:00Z")))
+    assert four_min["payload"]["eval_time_used"] == "2026-02-19T14:34:00Z"
+    assert "recent_tool" in tools_by_name(four_min)
+    six_min = final(srv.handle(intent("temporal", [deploy], eval_time="2026-02-19T14:36:00Z")))
+    assert "recent_tool" not in tools_by_name(six_min)
+    no_time = final(srv.handle(intent("temporal")))
+    assert no_time["payload"]["eval_time_used"] == "2026-02-19T14:10:00.000Z"  # the fake wall clock
+
+
+def test_timeout_kills_the_worker_and_the_next_request_works(process_evaluator):
+    server = make_server(evaluator=process_evaluator)
+    reply = final(server.handle(intent("slow", constraints={"max_compute_ms": 50})))
+    payload = reply["payload"]
+    assert (payload["code"], payload["recoverable"]) == ("evaluation_timeout", True)
+    assert payload["details"]["budget"]["limit"] == 50 and payload["details"]["budget"]["unit"] == "ms"
+    assert "mandatory_tool" in tools_by_name(final(server.handle(intent("diag"))))
+
+
+def test_process_evaluator_gives_the_same_answer_as_in_process(process_evaluator, srv):
+    assert _signature(make_server(evaluator=process_evaluator).handle(intent("diag", eval_time=0))) == \
+        _signature(srv.handle(intent("diag", eval_time=0)))
+
+
+def test_cancel_stops_an_evaluation(process_evaluator):
+    cancel = threading.Event()
+    cancel.set()
+    request = EvaluationInput("slow", {}, (), 0, 1000, 60_000, cancel=cancel)
+    with pytest.raises(Exception) as exc:
+        process_evaluator.evaluate(request)
+    assert getattr(exc.value, "code", None) == "cancelled"
+    result = process_evaluator.evaluate(EvaluationInput("diag", {}, (NormalFact("enable", ("x",)),), 0, 1000))
+    assert "enabled_tool" in {s.tool for s in result.selections}
+
+
+def test_symbol_encoding_keeps_big_ints_and_floats_apart():
+    assert str(to_symbol(2**40)) == 'big("1099511627776")'
+    assert str(to_symbol(7)) == "7"
+    assert str(to_symbol(1.5)) == 'float("1.5")'
+    assert str(to_symbol({"b": True, "a": [1]})) == 'map(kv("a",list(1)),kv("b",true))'

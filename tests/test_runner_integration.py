@@ -1,0 +1,242 @@
+"""End-to-end runs of the real CLI on real repositories: the failure drill, crash and resume,
+Ctrl-C, the TASK flow, bad input, and every ERROR route through a real run context."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ftl.config import Config
+from ftl.errors import FtlError, REGISTRY, Route
+from ftl.events import read_events
+from ftl.machine import Flow, Tracked
+from ftl.replay import replay
+from ftl.runner import Finish, Next, Runner
+from ftl.store import Store
+
+ROOT = Path(__file__).resolve().parents[1]
+FTL = [sys.executable, "-m", "ftl"]
+
+
+def ftl(*args: str, cwd: Path | None = None, check: bool = False, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    proc = subprocess.run([*FTL, *args], cwd=cwd or ROOT, capture_output=True, text=True, env=env,
+                          timeout=300, **kw)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def git_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ".gitignore").write_text(".ftl/\nmarkers/\nout/\n")
+    subprocess.run(["git", "init", "-q"], cwd=path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], cwd=path, check=True)
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"],
+                   cwd=path, check=True)
+    return path
+
+
+def events_of(repo: Path) -> list[dict]:
+    logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
+    assert len(logs) == 1
+    return list(read_events(logs[0]))
+
+
+def test_failure_drill_ends_as_expected(tmp_path: Path) -> None:
+    work = tmp_path / "failure-drill"
+    env = {**os.environ, "PYTHON": sys.executable, "FTL_BIN": str(Path(sys.executable).parent / "ftl")}
+    script = ROOT / "examples" / "failure-drill" / "run.sh"
+    proc = subprocess.run(["bash", str(script), "--jobs", "2", "--json"], capture_output=True, text=True,
+                          env={**env, "FTL_WORK_DIR": str(tmp_path)}, timeout=300, cwd=ROOT)
+    expected = json.loads((ROOT / "examples" / "failure-drill" / "expected.json").read_text())
+    assert proc.returncode == expected["exit_code"], proc.stderr[-3000:]
+    envelope = json.loads(proc.stdout)
+    assert envelope["success"] is True and envelope["error"] is None
+    assert envelope["meta"]["version"] == "response-v2"
+    assert any(w["code"] == "PARTIAL_FAILURE" for w in envelope["meta"]["warning_details"])
+    tasks = {t["seq"]: t for t in envelope["data"]["summary"]["tasks"]}
+    assert {seq: t["status"] for seq, t in tasks.items()} == expected["tasks"]
+    for seq, roots in expected.get("blocked_by", {}).items():
+        assert tasks[seq]["blocked_by"] == roots
+
+    repo = Path(envelope["data"]["summary"].get("repo") or work)
+    logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
+    result = replay(logs)
+    assert result.violations == []
+    events = [e for e in read_events(logs[0])]
+    # TOOL_FAILURE before each retry, RECOVERY_ATTEMPT after the final failure.
+    retry = next(e for e in events if e["event"] == "RETRY")
+    failure = next(e for e in events if e["event"] == "TOOL_FAILURE" and e.get("op_id") == retry["op_id"])
+    assert failure["seq"] < retry["seq"]
+    blocked_failure = next(e for e in events if e["event"] == "TOOL_FAILURE" and e.get("tool") == "shell_builder")
+    recovery = next(e for e in events if e["event"] == "RECOVERY_ATTEMPT" and e.get("strategy") == "block_task")
+    assert blocked_failure["seq"] < recovery["seq"]
+    assert any(e["event"] == "CASCADE_PROPAGATE" for e in events)
+    assert any(e["event"] == "CASCADE_ANALYSIS" for e in events)
+
+
+def _marker_plan(tmp_path: Path, count: int = 10, sleep_s: float = 0.4) -> Path:
+    """A plan whose run commands count their completions in markers/<seq> (one line each)."""
+    tasks = []
+    for i in range(1, count + 1):
+        seq = f"{i:03d}"
+        deps = [f"{i - 1:03d}"] if i > 2 else "none"
+        tasks.append({"seq": seq, "slug": f"step-{i}", "delta": [], "creates": [f"markers/{seq}"],
+                      "run": f"sleep {sleep_s} && mkdir -p markers && echo done >> markers/{seq}",
+                      "verify": f"test -s markers/{seq}", "depends": deps, "timeout_s": 30})
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"objective": "count completions", "tasks": tasks}))
+    return plan
+
+
+def _wait_for(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached")
+
+
+def _started(repo: Path) -> int:
+    logs = list((repo / ".ftl" / "events").glob("*.jsonl"))
+    if not logs:
+        return 0
+    return sum(1 for e in read_events(logs[0]) if e["event"] == "TASK_START")
+
+
+@pytest.mark.parametrize("kill_after_starts", [2, 5])
+def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, kill_after_starts: int) -> None:
+    repo = git_repo(tmp_path / "repo")
+    plan = _marker_plan(tmp_path)
+    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(lambda: _started(repo) >= kill_after_starts)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    summary = json.loads(resumed.stdout)["data"]["summary"]
+    assert summary["complete"] == summary["total"] == 10
+    for i in range(1, 11):
+        lines = (repo / "markers" / f"{i:03d}").read_text().splitlines()
+        assert lines == ["done"], f"task {i:03d} completed {len(lines)} times"
+    store = Store.for_repo(repo)
+    assert store.integrity_check() == "ok"
+    logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
+    result = replay(logs)
+    assert result.violations == [], [v.to_json() for v in result.violations]
+    assert result.crash_boundaries, "the log should show the crash boundary"
+
+
+def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    plan = _marker_plan(tmp_path, count=6, sleep_s=1.0)
+    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for(lambda: _started(repo) >= 2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    events = events_of(repo)
+    assert events[-1]["event"] == "RUN_END" and events[-1]["outcome"] == "cancelled"
+    store = Store.for_repo(repo)
+    campaign = store.active_campaign()
+    assert campaign is not None
+    assert all(t["status"] != "running" for t in store.tasks(campaign["id"]))
+    resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    for i in range(1, 7):
+        assert (repo / "markers" / f"{i:03d}").read_text().splitlines() == ["done"]
+    assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
+
+
+def test_task_flow_builds_and_verifies(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    proc = ftl("task", "write a greeting", "--run", "mkdir -p out && echo hi > out/greeting",
+               "--verify", "grep -q hi out/greeting", "--repo", str(repo), "--json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    data = json.loads(proc.stdout)["data"]
+    assert data["summary"]["flow"] == "task" and data["summary"]["complete"] == 1
+    states = [e["state"] for e in events_of(repo) if e["event"] == "STATE_ENTRY"]
+    assert states == ["INIT", "EXPLORE", "PLAN", "BUILD", "OBSERVE", "COMPLETE"]
+
+
+def test_invalid_plan_is_bad_input_with_every_violation(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    plan = tmp_path / "bad.json"
+    plan.write_text(json.dumps({"objective": "x", "tasks": [
+        {"seq": "001", "slug": "Bad Slug", "verify": "true"},
+        {"seq": "002", "slug": "ok", "verify": "", "depends": "009"}]}))
+    proc = ftl("campaign", "run", "--plan", str(plan), "--repo", str(repo), "--json")
+    assert proc.returncode == 2
+    envelope = json.loads(proc.stdout)
+    assert envelope["success"] is False and envelope["error"]
+    paths = {v["path"] for v in envelope["data"]["details"]["violations"]}
+    assert "$.tasks[0].slug" in paths and "$.tasks[1].verify" in paths
+    assert any("009" in v["message"] for v in envelope["data"]["details"]["violations"])
+    assert "Traceback" not in proc.stdout + proc.stderr and str(tmp_path) not in proc.stdout
+    assert not (repo / ".ftl" / "events").exists() or not list((repo / ".ftl" / "events").iterdir())
+
+
+class _NoTools:
+    """A MangleCP client stand-in for route tests: no tool is ever selected."""
+
+    def evaluate(self, intent, facts, **kwargs):
+        return {"macro_tools": []}
+
+    def invoke(self, macro_id, args, **kwargs):  # pragma: no cover - never selected
+        raise AssertionError("no invoke expected")
+
+
+ROUTE_TRIGGERS = {Route.PLAN: "plan", Route.CASCADE: "cascade", Route.OBSERVE: "observe"}
+
+
+@pytest.mark.parametrize("error_type", sorted(REGISTRY))
+def test_every_error_type_takes_its_route(tmp_path: Path, error_type: str) -> None:
+    from ftl.states import error as error_state
+
+    runner = Runner(tmp_path, Config(), client_factory=lambda config, repo: _NoTools())
+    campaign = runner.store.create_campaign("routes")
+    run = runner._make_run(campaign, Tracked(), None, None)
+    run.error = FtlError(error_type, {"violations": [{"path": "$.x", "message": "m"}], "questions": ["q?"]})
+    run.error_origin = "EXPLORE"
+    run.machine_state = "ERROR"
+    step = error_state.enter(run)
+    route = REGISTRY[error_type].route
+    if route in ROUTE_TRIGGERS:
+        assert isinstance(step, Next) and step.trigger == ROUTE_TRIGGERS[route]
+    else:
+        assert isinstance(step, Finish) and step.exit_code == 4
+        assert step.summary["route"] in (route.value, Route.SUMMARY.value)
+        assert step.summary["error"]["error_type"] == error_type
+        if route is Route.RETURN_ERRORS:
+            assert step.summary["violations"]
+        if route is Route.RETURN_QUESTIONS:
+            assert step.summary["questions"] == ["q?"]
+    events = [e["event"] for e in read_events(run.log.path)]
+    assert "ERROR_ROUTE" in events
+    run.log.close()
+
+
+def test_task_flow_routes_cascade_errors_to_observe(tmp_path: Path) -> None:
+    from ftl.states import error as error_state
+
+    runner = Runner(tmp_path, Config(), client_factory=lambda config, repo: _NoTools())
+    run = runner._make_run(runner.store.create_campaign("t", flow="task"), Tracked(), None, None)
+    run.error = FtlError("stuck_detected", {"count": 3})
+    assert run.flow is Flow.TASK
+    assert error_state.enter(run) == Next("observe")
+    run.log.close()
