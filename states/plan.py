@@ -33,8 +33,8 @@ def enter(run: Run) -> Next:
     if "load_plan" in selected:
         tool, args = "load_plan", {"plan": run.plan_input}
     elif "agent_planner" in selected:
-        tool, args = "agent_planner", {"objective": run.objective, "exploration": run.exploration,
-                                       "questions": questions}
+        # Earlier questions travel inside the exploration (``_questions``) to the next round.
+        tool, args = "agent_planner", {"objective": run.objective, "exploration": run.exploration}
     else:
         raise FtlError("dependency_missing",
                        {"name": "a plan (--plan FILE) or planner_command in ftl.toml"})

@@ -240,3 +240,50 @@ def test_task_flow_routes_cascade_errors_to_observe(tmp_path: Path) -> None:
     assert run.flow is Flow.TASK
     assert error_state.enter(run) == Next("observe")
     run.log.close()
+
+
+FAKE_AGENT = ROOT / "tests" / "tools" / "fake_agent.py"
+
+
+def _agent_config(builder_mode: str, planner_mode: str = "plan-markdown") -> Config:
+    return Config(jobs=2, explorer_timeout_s=30, retry_backoff_min_s=0.01,
+                  agent_command=[sys.executable, str(FAKE_AGENT), builder_mode],
+                  planner_command=[sys.executable, str(FAKE_AGENT), planner_mode])
+
+
+def test_planner_agent_and_agent_builder_run_a_campaign(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    (repo / ".gitignore").write_text(".ftl/\na.py\n")
+    result = Runner(repo, _agent_config("complete")).start("write a.py")
+    assert result.exit_code == 0, result.summary
+    assert (repo / "a.py").read_text().startswith("# written by the fake agent")
+    events = list(read_events(result.log_path))
+    decision = next(e for e in events if e["event"] == "PLAN_DECISION")
+    assert decision["decision"] == "PROCEED" and decision["tool"] == "agent_planner"
+    assert any(e["event"] == "TOOL_CALL" and e["tool"] == "agent_builder" for e in events)
+    assert replay([result.log_path]).violations == []
+
+
+def test_rate_limited_agent_waits_its_retry_after_then_blocks(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    delays: list[float] = []
+    result = Runner(repo, _agent_config("rate-limit-json"), sleep=delays.append).start("write a.py")
+    assert result.exit_code == 3
+    assert delays == [1.5]  # the agent's retry_after_ms (1500) beat the 10 ms backoff
+    events = list(read_events(result.log_path))
+    failures = [e for e in events if e["event"] == "TOOL_FAILURE" and e["tool"] == "agent_builder"]
+    assert [f["error_type"] for f in failures] == ["rate_limited", "rate_limited"]
+    assert sum(e["event"] == "RETRY" for e in events) == 1
+    assert replay([result.log_path]).violations == []
+
+
+def test_planner_that_keeps_asking_exhausts_clarifications(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    config = _agent_config("complete", planner_mode="clarify").model_copy(update={"max_clarifications": 2})
+    result = Runner(repo, config).start("do something vague")
+    assert result.exit_code == 4
+    assert result.summary["error"]["error_type"] == "clarify_exhausted"
+    assert "Which database?" in result.summary["questions"]
+    entries = [e for e in read_events(result.log_path) if e["event"] == "STATE_ENTRY"]
+    assert [e["state"] for e in entries].count("PLAN") == 3  # 1 + max_clarifications rounds
+    assert replay([result.log_path]).violations == []
