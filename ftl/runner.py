@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shlex
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,24 +124,22 @@ class Run:
 
 
 def connect(config: Config, repo: Path) -> Any:
-    """A MangleCP client for ``config.server``: embedded in process (default), ``stdio:CMD`` or a URL.
+    """The MangleCP client for ``config.server``: ftl's embedded server over stdio (default),
+    ``stdio:CMD`` or an http(s) URL (`ftl.server.app.connect` documents the forms).
 
     Raises:
         FtlError(configuration_error): an unrecognised server address.
     """
-    from ftl.manglecp.client import ManglecpClient
-    from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
+    from ftl.server.app import connect as connect_server
 
-    address = config.server
-    if not address:
-        from ftl.server.app import build_server
-        return ManglecpClient(InProcessTransport(build_server(repo, config)))
-    if address.startswith("stdio:"):
-        return ManglecpClient(StdioTransport(shlex.split(address[len("stdio:"):])))
-    if address.startswith(("http://", "https://")):
-        return ManglecpClient(HttpTransport(address, token=os.environ.get("FTL_SERVER_TOKEN")))
-    raise FtlError("configuration_error",
-                   {"problem": "server must be 'stdio:COMMAND' or an http(s) URL"})
+    return connect_server(repo, config)
+
+
+def connect_in_process(config: Config, repo: Path) -> Any:
+    """The embedded server in this process (tests; no subprocess to start)."""
+    from ftl.server.app import connect as connect_server
+
+    return connect_server(repo, config, in_process=True)
 
 
 class Runner:
@@ -293,6 +290,7 @@ class Runner:
             run.log.emit(ev.RUN_END, outcome="cancelled", exit_code=EXIT_CANCELLED,
                          resumable=True)
             run.log.close()
+            _close(run.tools.client)
             return RunResult(run.campaign_id, "cancelled", EXIT_CANCELLED,
                              {"message": "cancelled; run `ftl campaign resume` to continue"},
                              run.log.path)
@@ -302,6 +300,7 @@ class Runner:
         self.store.finish_campaign(run.campaign_id, status, finish.summary)
         run.log.emit(ev.RUN_END, outcome=finish.outcome, exit_code=finish.exit_code)
         run.log.close()
+        _close(run.tools.client)
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,
                          run.log.path)
 
@@ -321,3 +320,12 @@ def _attach_server_log(repo: Path) -> None:
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     _LOG.addHandler(handler)
     _LOG.setLevel(logging.INFO)
+
+
+def _close(client: Any) -> None:
+    close = getattr(client, "close", None)
+    if close is not None:
+        try:
+            close()
+        except Exception:  # closing a dead server must not hide the run's outcome
+            _LOG.warning("closing the tool server failed", exc_info=True)

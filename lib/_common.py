@@ -70,7 +70,6 @@ log = logging.getLogger("ftl.lib")
 # Until a repo log is attached, ftl's loggers must stay silent: logging's last-resort handler
 # would print records (and tracebacks) on stderr.
 logging.getLogger("ftl").addHandler(logging.NullHandler())
-logging.raiseExceptions = False
 
 
 # --------------------------------------------------------------------------- output
@@ -135,6 +134,7 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
 
     Commands return a `Reply`. ``--help`` prints its text and exits 0.
     """
+    logging.raiseExceptions = False  # a failing log handler must not print a trace on stderr
     try:
         result = group.main(args=argv, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
     except FtlError as error:

@@ -369,15 +369,29 @@ def test_orchestration_transitions_and_state_events(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- _common.py in process
 
 @pytest.fixture(scope="module")
-def common():
+def lib_loader():
+    """Load lib scripts in process; undo their sys.path, sys.modules and logging changes after."""
+    saved_path, saved_modules = list(sys.path), set(sys.modules)
     raise_exceptions = logging.raiseExceptions
-    spec = importlib.util.spec_from_file_location("ftl_lib_common", LIB / "_common.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(f"ftl_lib_{name.strip('_')}", LIB / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    sys.path[:] = saved_path
+    for name in set(sys.modules) - saved_modules:
+        if name.startswith("ftl_lib_") or name == "_common":
+            del sys.modules[name]
     logging.raiseExceptions = raise_exceptions
+
+
+@pytest.fixture(scope="module")
+def common(lib_loader):
+    return lib_loader("_common")
 
 
 def test_unexpected_exception_prints_internal_failure_and_logs_the_trace(common, tmp_path, capsys) -> None:
@@ -455,14 +469,9 @@ def test_wrap_keeps_objects_and_wraps_arrays_and_null(common) -> None:
     assert common.wrap(None) == {}
 
 
-def test_every_command_help_names_its_output(tmp_path: Path) -> None:
+def test_every_command_help_names_its_output(lib_loader) -> None:
     # Click renders the help from the docstrings; each command's help must say what it prints.
     for script in ("campaign", "workspace", "plan", "exploration", "orchestration"):
-        spec = importlib.util.spec_from_file_location(f"ftl_lib_{script}", LIB / f"{script}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        sys.modules.pop(spec.name)
-        group: click.Group = module.cli
+        group: click.Group = lib_loader(script).cli
         for name, cmd in group.commands.items():
             assert cmd.help and "data" in cmd.help, f"{script} {name}: help does not describe data"
