@@ -287,3 +287,40 @@ def test_planner_that_keeps_asking_exhausts_clarifications(tmp_path: Path) -> No
     entries = [e for e in read_events(result.log_path) if e["event"] == "STATE_ENTRY"]
     assert [e["state"] for e in entries].count("PLAN") == 3  # 1 + max_clarifications rounds
     assert replay([result.log_path]).violations == []
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_campaign_runs_against_a_separate_http_manglecp_server(tmp_path: Path) -> None:
+    import httpx
+
+    repo = git_repo(tmp_path / "repo")
+    port = _free_port()
+    server = subprocess.Popen([*FTL, "serve", "--http", f"127.0.0.1:{port}", "--repo", str(repo)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def up() -> bool:
+            try:
+                return httpx.get(f"{url}/.well-known/manglecp/manifest.json", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        _wait_for(up, timeout_s=30)
+        plan = _marker_plan(tmp_path, count=3, sleep_s=0.05)
+        proc = ftl("campaign", "run", "--plan", str(plan), "--repo", str(repo), "--server", url, "--json")
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        events = events_of(repo)
+        calls = {e["tool"] for e in events if e["event"] == "TOOL_CALL"}
+        assert {"explore_structure", "load_plan", "shell_builder", "run_verify", "observer"} <= calls
+        assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
+    finally:
+        server.terminate()
+        server.wait(timeout=15)
