@@ -48,6 +48,7 @@ from typing import Any, Callable, NoReturn  # noqa: E402
 import click  # noqa: E402
 
 from ftl import envelope  # noqa: E402
+from ftl.replan import replan_input  # noqa: F401 - re-exported for the scripts
 from ftl.errors import FtlError  # noqa: E402
 from ftl.models import normalize_seq  # noqa: E402
 
@@ -85,7 +86,7 @@ class Reply:
 
 def wrap(value: Any) -> dict[str, Any]:
     """FTL payload -> envelope data: objects as they are, arrays as ``{"items": [...]}``,
-    ``null`` as ``{}`` (see the module docstring)."""
+    ``null`` as ``{}``, any other scalar as ``{"value": x}`` (see the module docstring)."""
     if value is None:
         return {}
     if isinstance(value, list):
@@ -372,37 +373,6 @@ def campaign_entry(store, campaign: dict) -> dict[str, Any]:
         "status": campaign["status"], "flow": campaign["flow"], "framework": campaign["framework"],
         "created_at": campaign["created_at"], "finished_at": campaign["finished_at"],
         "summary": campaign["summary"], "tasks": store.tasks(cid), "counts": store.counts(cid),
-    }
-
-
-def replan_input(store, campaign_id: str) -> dict[str, Any]:
-    """FTL get-replan-input (§6.7) from the store alone, with the remaining tasks' full specs.
-
-    Same keys as ``ftl.states.cascade.replan_input`` (which needs a run): ``{mode: "replan",
-    objective, framework, completed_count, blocked_count, pending_count, completed_tasks:
-    [{seq, slug, delivered (<= 200 chars)}], blocked_tasks: [{seq, slug, reason (<= 300
-    chars)}], remaining_tasks: [task spec]}``. ``delivered`` and ``reason`` come from the task
-    rows, so they are never "(no workspace)" (FTL's lazy import failed, §8.2 item 9); the
-    framework is the latest plan's, else the campaign's.
-
-    Raises: FtlError(not_found) for an unknown campaign.
-    """
-    campaign = store.get_campaign(campaign_id)
-    rows = store.tasks(campaign_id)
-    try:
-        framework = store.get_plan(campaign_id).framework
-    except FtlError:
-        framework = campaign["framework"]
-    return {
-        "mode": "replan", "objective": campaign["objective"], "framework": framework,
-        "completed_count": sum(r["status"] == "complete" for r in rows),
-        "blocked_count": sum(r["status"] == "blocked" for r in rows),
-        "pending_count": sum(r["status"] == "pending" for r in rows),
-        "completed_tasks": [{"seq": r["seq"], "slug": r["slug"], "delivered": (r.get("delivered") or "")[:200]}
-                            for r in rows if r["status"] == "complete"],
-        "blocked_tasks": [{"seq": r["seq"], "slug": r["slug"], "reason": (r.get("block_reason") or "")[:300]}
-                          for r in rows if r["status"] == "blocked"],
-        "remaining_tasks": [r["spec"] for r in rows if r["status"] == "pending"],
     }
 
 

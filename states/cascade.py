@@ -15,6 +15,7 @@ from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.runner import Next, Run
+from ftl.replan import replan_input
 from ftl.tools import fact
 from ftl.validation import parse_plan
 
@@ -84,26 +85,9 @@ def _revised_plan(run: Run):
     result = run.recovery.run(
         lambda n: run.tools.call("replan_campaign", facts, "agent_planner",
                                  {"objective": run.objective, "exploration": run.exploration,
-                                  "replan": replan_input(run)},
+                                  "replan": replan_input(run.store, run.campaign_id)},
                                  state="CASCADE", cancel=run.cancel),
         tool="agent_planner", state="CASCADE")
     if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
         raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
     return parse_plan(result["plan"], source="revised plan")
-
-
-def replan_input(run: Run) -> dict[str, Any]:
-    """FTL get-replan-input, with the remaining tasks' full specs (FTL dropped them)."""
-    rows = run.store.tasks(run.campaign_id)
-    return {
-        "mode": "replan", "objective": run.objective,
-        "framework": run.current_plan.framework if run.current_plan else None,
-        "completed_count": sum(r["status"] == "complete" for r in rows),
-        "blocked_count": sum(r["status"] == "blocked" for r in rows),
-        "pending_count": sum(r["status"] == "pending" for r in rows),
-        "completed_tasks": [{"seq": r["seq"], "slug": r["slug"], "delivered": (r.get("delivered") or "")[:200]}
-                            for r in rows if r["status"] == "complete"],
-        "blocked_tasks": [{"seq": r["seq"], "slug": r["slug"], "reason": (r.get("block_reason") or "")[:300]}
-                          for r in rows if r["status"] == "blocked"],
-        "remaining_tasks": [r["spec"] for r in rows if r["status"] == "pending"],
-    }
