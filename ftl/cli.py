@@ -272,11 +272,14 @@ def _register_optional_commands() -> None:
 
     main.add_command(replay_command)
     main.add_command(diagram)
-    try:
-        from ftl.server.serve import serve
+    from ftl.server.serve import serve
+
+    main.add_command(serve)
+    try:  # the MCP surface is optional until its module is present
+        from ftl.mcp_server import mcp
     except ImportError:
         return
-    main.add_command(serve)
+    main.add_command(mcp)
 
 
 _register_optional_commands()

@@ -43,6 +43,9 @@ class Config(BaseModel):
         None, description="Planner agent command; gets the planning input JSON on stdin.")
     server: str | None = Field(None, description="MangleCP server: None (embedded), 'stdio:CMD' or URL.")
     output_limit_bytes: int = Field(64 * 1024, ge=1024, description="Command output kept per step.")
+    gates: dict[str, Any] = Field(default_factory=dict, description=(
+        "The [gates] table: visibility, governance, policy and approval (parsed and checked by "
+        "ftl.gate)."))
 
     def task_timeout_s(self, budget: int, timeout_s: float | None) -> float:
         """A task's wall-clock limit in s: its own ``timeout_s``, else ``budget * seconds_per_budget``."""
