@@ -88,10 +88,14 @@ def campaign() -> None:
     """Run, resume and inspect campaigns (a DAG of tasks driven through the state machine)."""
 
 
-def _load_json_file(path: Path, what: str) -> dict[str, Any]:
+def _load_json_file(path: Path, what: str, known_seqs: list[str] | None = None) -> dict[str, Any]:
+    """Read and validate a plan file (every violation with its JSON path; exit 2 on failure).
+
+    ``known_seqs``: for a revised plan, the tasks it may depend on without listing them.
+    """
     from ftl.validation import load_plan_file
 
-    plan = load_plan_file(path)  # validates: every violation with its JSON path, exit 2
+    plan = load_plan_file(path, known_seqs=known_seqs or ())
     return plan.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
@@ -161,7 +165,10 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 130 cancelled.
     """
     plan_input = _load_json_file(plan_file, "plan") if plan_file else None
-    revised_input = _load_json_file(revised_plan, "revised plan") if revised_plan else None
+    revised_input = None
+    if revised_plan:
+        known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
+        revised_input = _load_json_file(revised_plan, "revised plan", known_seqs=known)
     objective = objective or (plan_input or {}).get("objective")
     if not objective:
         raise FtlError("invalid_params", {"schema_errors": [

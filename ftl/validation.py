@@ -173,8 +173,12 @@ def _depends_path(index: int, raw_depends: Any, dep: str) -> str:
     return base
 
 
-def _graph_violations(raw: Mapping[str, Any]) -> tuple[list[Violation], list[str] | None]:
-    """Duplicate seqs, self-dependencies, dangling deps and one cycle; also the cycle path."""
+def _graph_violations(raw: Mapping[str, Any], known: frozenset[str] = frozenset()
+                      ) -> tuple[list[Violation], list[str] | None]:
+    """Duplicate seqs, self-dependencies, dangling deps and one cycle; also the cycle path.
+
+    A dependency on a ``known`` seq (a task outside this document) is not dangling.
+    """
     tasks = _lenient_tasks(raw)
     violations: list[Violation] = []
     first_index: dict[str, list[int]] = {}
@@ -203,7 +207,7 @@ def _graph_violations(raw: Mapping[str, Any]) -> tuple[list[Violation], list[str
     valid = ", ".join(sorted(graph, key=dag.seq_key)) or "(none)"
     for index, seq, depends, raw_depends in tasks:
         for dep in depends:
-            if dep not in graph:
+            if dep not in graph and dep not in known:
                 violations.append({
                     "path": _depends_path(index, raw_depends, dep),
                     "message": f"task {seq} depends on {dep}, which is not a task of the plan; "
@@ -220,12 +224,14 @@ def _graph_violations(raw: Mapping[str, Any]) -> tuple[list[Violation], list[str
     return violations, cycle
 
 
-def parse_plan(raw: object, *, source: str = "plan") -> Plan:
+def parse_plan(raw: object, *, source: str = "plan", known_seqs: Iterable[str] = ()) -> Plan:
     """Validate already-parsed JSON as a plan, reporting every violation at once.
 
     Args:
         raw: the parsed JSON (a dict for a valid plan; any JSON value is accepted as input).
         source: what the input is, for the error message (e.g. ``"plan file plan.json"``).
+        known_seqs: seqs of tasks that exist outside this document (a revised plan may list
+            only the tasks it changes or adds; the merged graph is checked by the store).
 
     Returns:
         The `Plan` (seqs normalised to three digits, depends to sorted seq lists).
@@ -248,7 +254,7 @@ def parse_plan(raw: object, *, source: str = "plan") -> Plan:
     except ValidationError as exc:
         plan = None
         schema_violations = _schema_violations(exc)
-    graph_violations, cycle = _graph_violations(raw)
+    graph_violations, cycle = _graph_violations(raw, frozenset(known_seqs))
     violations = schema_violations + graph_violations
     if cycle and len(violations) == 1:
         text = dag.format_cycle(cycle)
@@ -265,8 +271,8 @@ def _schema_error(source: str, violations: list[Violation]) -> FtlError:
                     message=f"The {source} does not match its schema ({count} violation(s)).")
 
 
-def load_plan_file(path: Path) -> Plan:
-    """Read a plan.json file and validate it with `parse_plan`.
+def load_plan_file(path: Path, *, known_seqs: Iterable[str] = ()) -> Plan:
+    """Read a plan.json file and validate it with `parse_plan` (``known_seqs`` as there).
 
     Raises:
         FtlError(not_found): the file cannot be read; details ``{"what": "plan file <name>"}``
@@ -302,4 +308,4 @@ def load_plan_file(path: Path) -> Plan:
             "path": "$", "line": 1, "column": 1,
             "message": "JSON nested too deeply to read",
             "fix": "a plan needs only a few levels of nesting"}]) from None
-    return parse_plan(raw, source=source)
+    return parse_plan(raw, source=source, known_seqs=known_seqs)

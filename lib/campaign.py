@@ -394,7 +394,6 @@ def _load_revision(path: Path, existing: set[str]):
     revision does not list is left to the store, which checks the merged graph (FTL checked the
     merged task list too, §6.8). Raises: FtlError(not_found | schema_invalid | cycle_detected).
     """
-    from ftl.models import Plan, normalize_depends, normalize_seq
     from ftl.validation import parse_plan
 
     try:
@@ -407,28 +406,7 @@ def _load_revision(path: Path, existing: set[str]):
     except UnicodeDecodeError:
         raise violation("$", f"{path.name} is not UTF-8 text", "save the plan as UTF-8 JSON") from None
     raw = parse_json_text(text, f"revised plan file {path.name}")
-    checked = raw
-    if isinstance(raw, dict) and isinstance(raw.get("tasks"), list):
-        listed = set()
-        for item in raw["tasks"]:
-            try:
-                listed.add(normalize_seq(item.get("seq")) if isinstance(item, dict) else None)
-            except ValueError:
-                pass
-        outside = existing - listed
-        tasks = []
-        for item in raw["tasks"]:
-            try:
-                deps = normalize_depends(item.get("depends")) if isinstance(item, dict) else None
-            except ValueError:
-                deps = None  # parse_plan reports it
-            if deps is not None and outside & set(deps):
-                item = {**item, "depends": [d for d in deps if d not in outside]}
-            tasks.append(item)
-        checked = {**raw, "tasks": tasks}
-    parse_plan(checked, source=f"revised plan file {path.name}")
-    return Plan.model_validate(raw)
-
+    return parse_plan(raw, source=f"revised plan file {path.name}", known_seqs=existing)
 
 if __name__ == "__main__":
     run(cli)

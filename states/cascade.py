@@ -80,7 +80,7 @@ def analyze(run: Run) -> dict[str, Any]:
 
 def _revised_plan(run: Run):
     if run.revised_plan_input is not None and run.tracked.replan_count == 1:
-        return parse_plan(run.revised_plan_input, source="revised plan")
+        return parse_plan(run.revised_plan_input, source="revised plan", known_seqs=_seqs(run))
     facts = run.facts()
     result = run.recovery.run(
         lambda n: run.tools.call("replan_campaign", facts, "agent_planner",
@@ -90,4 +90,8 @@ def _revised_plan(run: Run):
         tool="agent_planner", state="CASCADE")
     if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
         raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
-    return parse_plan(result["plan"], source="revised plan")
+    return parse_plan(result["plan"], source="revised plan", known_seqs=_seqs(run))
+
+
+def _seqs(run: Run) -> set[str]:
+    return {row["seq"] for row in run.store.tasks(run.campaign_id)}

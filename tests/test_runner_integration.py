@@ -324,3 +324,34 @@ def test_campaign_runs_against_a_separate_http_manglecp_server(tmp_path: Path) -
     finally:
         server.terminate()
         server.wait(timeout=15)
+
+
+def test_replan_with_a_partial_revised_plan_recovers_the_campaign(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    tasks = [
+        {"seq": "001", "slug": "root", "creates": ["out/1"], "run": "echo 'boom: bad config' && exit 1",
+         "verify": "test -f out/1"},
+        {"seq": "002", "slug": "middle", "creates": ["out/2"], "run": "mkdir -p out && touch out/2",
+         "verify": "test -f out/2", "depends": "001"},
+        {"seq": "003", "slug": "leaf", "creates": ["out/3"], "run": "mkdir -p out && touch out/3",
+         "verify": "test -f out/3", "depends": "002"},
+    ]
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"objective": "replan drill", "tasks": tasks}))
+    revised = tmp_path / "revised.json"  # lists only the task it fixes; 002/003 stay as they are
+    revised.write_text(json.dumps({"objective": "replan drill", "tasks": [
+        {"seq": "001", "slug": "root", "creates": ["out/1"], "run": "mkdir -p out && touch out/1",
+         "verify": "test -f out/1"}]}))
+    proc = ftl("campaign", "run", "--plan", str(plan), "--revised-plan", str(revised), "--repo", str(repo),
+               "--json")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    summary = json.loads(proc.stdout)["data"]["summary"]
+    assert summary["complete"] == 3 and summary["replans"] == 1
+    events = events_of(repo)
+    names = [e["event"] for e in events]
+    assert "CASCADE_REPLAN" in names
+    replan = next(e for e in events if e["event"] == "RECOVERY_ATTEMPT" and e["strategy"] == "replan")
+    assert replan["success"] is True and replan["merged"] == 1
+    entries = [e["state"] for e in events if e["event"] == "STATE_ENTRY"]
+    assert entries.count("EXECUTE") == 2
+    assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
