@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftl.errors import FtlError
 from ftl.sanitize import scrub_value, truncate_utf8
@@ -85,3 +87,39 @@ def internal_failure(correlation_id: str | None = None) -> dict[str, Any]:
     """The bare envelope for an unclassified exception: fail closed, reveal nothing."""
     correlation_id = correlation_id or uuid.uuid4().hex[:12]
     return failure(FtlError("internal_error", {"correlation_id": correlation_id}))
+
+
+class WarningDetail(BaseModel):
+    code: str
+    severity: Literal["info", "warning", "error"]
+    message: str
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class Meta(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    version: Literal["response-v2"]
+    request_id: str
+    warnings: list[str] = Field(default_factory=list)
+    warning_details: list[WarningDetail] = Field(default_factory=list)
+
+
+class ResponseV2(BaseModel):
+    """The response-v2 envelope; the source of ``schemas/response-v2.schema.json``.
+
+    ``success: true`` goes with ``error: null``; ``success: false`` with a non-empty error and
+    ``data`` holding ``error_code``, ``error_type``, ``details`` and ``remediation``.
+    """
+
+    success: bool
+    data: Any = Field(default_factory=dict)
+    error: str | None
+    meta: Meta
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ResponseV2":
+        if self.success and self.error is not None:
+            raise ValueError("success: true must have error: null")
+        if not self.success and not self.error:
+            raise ValueError("success: false needs a non-empty error")
+        return self

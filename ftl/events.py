@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import jsonlines
+from pydantic import BaseModel, ConfigDict, Field
 
 from ftl.sanitize import scrub_value
 
@@ -262,3 +263,19 @@ def iter_many(paths: Iterable[Path], report: ReadReport | None = None) -> Iterat
     """Stream several logs of one campaign as one sequence (a crashed run, then its resume)."""
     for path in paths:
         yield from read_events(path, report)
+
+
+class EventRecord(BaseModel):
+    """The common shape of every event line (design.md §6); each event adds its own fields.
+
+    This model is the source of ``schemas/event.schema.json``; the writer does not construct it
+    per line (that would cost a validation per event on the hot path).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    ts: str = Field(description="RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-21T04:15:03.120Z.")
+    seq: int = Field(ge=1, description="Strictly increasing per log, continued across resumes.")
+    campaign_id: str
+    event: str = Field(description="STATE_ENTRY, PHASE_TRANSITION, TOOL_FAILURE, RETRY, ...")
+    state: str | None = Field(description="The machine state the event belongs to (null before INIT).")

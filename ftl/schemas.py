@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel
 
+from ftl.envelope import ResponseV2
+from ftl.events import EventRecord
 from ftl.models import BuildResult, ExplorerResult, Plan, Task, Workspace
 
 SCHEMAS: dict[str, type[BaseModel]] = {
@@ -31,6 +33,8 @@ SCHEMAS: dict[str, type[BaseModel]] = {
     "workspace": Workspace,
     "build_result": BuildResult,
     "explorer_result": ExplorerResult,
+    "event": EventRecord,
+    "response-v2": ResponseV2,
 }
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"

@@ -32,7 +32,8 @@ def test_committed_schema_matches_the_models(filename: str) -> None:
 
 
 def test_registry_and_schema_headers() -> None:
-    assert set(schemas.SCHEMAS) == {"plan", "task", "workspace", "build_result", "explorer_result"}
+    assert set(schemas.SCHEMAS) == {"plan", "task", "workspace", "build_result", "explorer_result",
+                                    "event", "response-v2"}
     for filename, schema in schemas.generate().items():
         assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
         assert schema["$id"].endswith(filename)
@@ -112,3 +113,23 @@ def test_every_plan_the_model_accepts_the_schema_accepts(raw: dict) -> None:
         assume(False)
     errors = [e.message for e in validator("plan").iter_errors(raw)]
     assert not errors, f"schema rejects a plan the model accepts: {errors}"
+
+
+def test_real_envelopes_and_events_validate_against_their_schemas(tmp_path) -> None:
+    from ftl import envelope
+    from ftl.errors import FtlError
+    from ftl.events import EventLog, read_events
+
+    response = validator("response-v2")
+    response.validate(envelope.success({"x": 1}, warnings=[envelope.Warning("PARTIAL_FAILURE", "1 of 2")]))
+    response.validate(envelope.failure(FtlError("schema_invalid", {"count": 1})))
+    bad = envelope.success({})
+    bad["meta"]["version"] = "response-v1"
+    assert list(response.iter_errors(bad))
+    log = EventLog(tmp_path / "e.jsonl", "c-1")
+    log.emit("STATE_ENTRY", state="INIT")
+    log.emit("TASK_START", task_seq="001", worker="w1")
+    log.close()
+    event = validator("event")
+    for record in read_events(tmp_path / "e.jsonl"):
+        event.validate(record)
