@@ -21,7 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ftl.errors import FtlError
-from ftl.sanitize import scrub_value, truncate_utf8
+from ftl.sanitize import looks_internal, sanitize_text, sanitize_value, scrub_value
 
 VERSION = "response-v2"
 
@@ -67,18 +67,26 @@ def success(data: Any = None, *, warnings: list[Warning] | None = None,
 
 def failure(error: FtlError, *, request_id: str | None = None,
             warnings: list[Warning] | None = None) -> dict[str, Any]:
-    """A failure envelope rendered from ``error``'s registry row (safe details only)."""
+    """A failure envelope rendered from ``error``'s registry row.
+
+    Only the row's safe details go out, each string sanitised (`ftl.sanitize.sanitize_value`:
+    secrets scrubbed, absolute paths cut, 1 KiB cap, internals redacted). An explicit message
+    that carries internals (a traceback, SQL, policy text) is replaced by the row's template.
+    """
     row = error.kind
     data = {
         "error_code": row.v2_error_code,
         "error_type": row.v2_error_type,
         "ftl_error_type": row.error_type,
-        "details": scrub_value(error.safe_details()),
+        "details": sanitize_value(error.safe_details()),
         "remediation": row.remediation,
     }
     if error.retry_after_ms is not None:
         data["retry_after_ms"] = error.retry_after_ms
-    message = truncate_utf8(scrub_value(error.message) or row.error_type)
+    text = str(error.message or "")
+    if looks_internal(text):
+        text = error.template_message()
+    message = sanitize_text(text) or row.error_type
     return {"success": False, "data": data, "error": message,
             "meta": _meta(request_id, warnings or [])}
 

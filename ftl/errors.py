@@ -5,7 +5,14 @@ the response-v2 envelope of the CLI and lib/ scripts) renders from the rows of `
 nothing else in ftl invents an error code. Sources of the rows: FTL ERROR_HANDLING (error_type
 and route), MangleCP spec 09 §3.1 (codes, HTTP status, recoverable), ThoughtGate's JSON-RPC codes
 for the gate kinds, and the allocation of `shared/reference/errors-and-gates.md` §4.1 for ftl's
-own kinds (-32060..-32077, clear of the MCP SDK's reserved codes).
+own kinds (-32060..-32091, clear of the MCP SDK's reserved codes).
+
+Channels (reference §5 rule 4): a row with ``as_tool_result`` is an error the calling *agent*
+should reason about (its work product failed verification, its own output broke a schema, an
+approval it waited for timed out); MCP surfaces return it as a ``CallToolResult`` with
+``isError`` holding a response-v2 envelope. Every other row is a protocol, gate or runner fault
+and travels as a JSON-RPC error (`ftl.jsonrpc`). ``docs/errors.md`` is generated from this table
+(``python -m ftl.errors_doc``).
 
 This module imports nothing of ftl's: it sits at the bottom of the dependency graph.
 """
@@ -14,7 +21,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
+
+#: The four gates in the order they run; the first refusal wins (ThoughtGate REQ-CORE-003,
+#: EC-ERR-005). Gate rows name one of these in ``gate``.
+GATE_ORDER: tuple[str, ...] = ("visibility", "governance", "policy", "approval")
+
+RetryAfterSource = Literal["none", "server"]
 
 
 class Klass(str, enum.Enum):
@@ -88,7 +101,13 @@ class ErrorKind:
         message: safe message template; ``{name}`` placeholders take only ``safe_keys``.
         remediation: what the caller can do about it.
         safe_keys: detail keys allowed into a response (everything else stays in the log).
-        gate: the gate that raises this kind, if any.
+        gate: the gate that raises this kind, if any (one of `GATE_ORDER`).
+        as_tool_result: True when an MCP surface returns the error as a ``CallToolResult``
+            with ``isError`` (an error the agent should reason about); False: a JSON-RPC error.
+        retry_after_source: where a ``retry_after_ms`` hint comes from: ``"server"`` (the
+            peer said how long to wait: rate limits, a booting server) or ``"none"``. Only
+            ``"server"`` rows put ``retry_after`` into JSON-RPC ``error.data`` (ThoughtGate
+            §1.7 fills it for rate limiting only).
     """
 
     error_type: str
@@ -104,6 +123,8 @@ class ErrorKind:
     remediation: str
     safe_keys: frozenset[str] = field(default_factory=frozenset)
     gate: str | None = None
+    as_tool_result: bool = False
+    retry_after_source: RetryAfterSource = "none"
 
     @property
     def transient(self) -> bool:
@@ -113,14 +134,16 @@ class ErrorKind:
 def _row(error_type: str, klass: str, route: Route, manglecp_code: str, jsonrpc_code: int,
          v2: tuple[str, str], message: str, remediation: str, safe_keys: tuple[str, ...] = (),
          gate: str | None = None, http_status: int | None = None,
-         recoverable: bool | None = None) -> ErrorKind:
+         recoverable: bool | None = None, as_tool_result: bool = False,
+         retry_after_source: RetryAfterSource = "none") -> ErrorKind:
     std_status, std_recoverable = MANGLECP_CODES.get(manglecp_code, (500, False))
     return ErrorKind(
         error_type=error_type, klass=Klass(klass), route=route, manglecp_code=manglecp_code,
         recoverable=std_recoverable if recoverable is None else recoverable,
         http_status=std_status if http_status is None else http_status,
         jsonrpc_code=jsonrpc_code, v2_error_type=v2[0], v2_error_code=v2[1],
-        message=message, remediation=remediation, safe_keys=frozenset(safe_keys), gate=gate)
+        message=message, remediation=remediation, safe_keys=frozenset(safe_keys), gate=gate,
+        as_tool_result=as_tool_result, retry_after_source=retry_after_source)
 
 
 T, S = "transient", "structural"
@@ -142,27 +165,30 @@ _ROWS: tuple[ErrorKind, ...] = (
          ("validation", "CLARIFICATION_LIMIT"),
          "The planner still needs clarification after {count} rounds.",
          "Answer the returned questions in the objective or give a plan with --plan.",
-         ("count", "questions")),
+         ("count", "questions"), as_tool_result=True),
     _row("decision_unknown", S, Route.PLAN, "invalid_type", -32064,
          ("validation", "INVALID_FORMAT"), "The planner's decision could not be read.",
-         "Make the planner emit a Confidence: PROCEED|CLARIFY|CONFIRM header.", ()),
+         "Make the planner emit a Confidence: PROCEED|CLARIFY|CONFIRM header.", (),
+         as_tool_result=True),
     _row("schema_invalid", S, Route.RETURN_ERRORS, "schema_validation_failed", -32065,
          ("validation", "VALIDATION_ERROR"), "The input does not match its schema ({count} violation(s)).",
          "Fix each violation at the JSON path given in details.violations and submit again.",
-         ("count", "violations")),
+         ("count", "violations"), as_tool_result=True),
     _row("cycle_detected", S, Route.RETURN_ERRORS, "invalid_temporal_pattern", -32066,
          ("conflict", "CIRCULAR_DEPENDENCY"), "The task dependencies form a cycle: {cycle}.",
-         "Remove one dependency on the cycle so the plan is a DAG.", ("cycle", "violations")),
+         "Remove one dependency on the cycle so the plan is a DAG.", ("cycle", "violations"),
+         as_tool_result=True),
     _row("budget_exhausted", S, Route.OBSERVE, "derivation_limit_exceeded", -32067,
          ("authorization", "QUOTA_EXCEEDED"), "Task {seq} used up its budget.",
          "Raise the task's budget or split it into smaller tasks.", ("seq", "budget")),
     _row("verify_failed", S, Route.BLOCK_TASK, "execution_failed", -32068,
          ("validation", "VERIFICATION_FAILED"), "Task {seq}'s verify command failed (exit {exit_code}).",
          "Read the verify output in the workspace record; fix the code or the verify command.",
-         ("seq", "exit_code")),
+         ("seq", "exit_code"), as_tool_result=True),
     _row("idiom_violation", S, Route.BLOCK_TASK, "invalid_facts", -32069,
          ("validation", "IDIOM_VIOLATION"), "Task {seq} breaks a project idiom: {idiom}.",
-         "Follow the framework idioms listed in the workspace.", ("seq", "idiom")),
+         "Follow the framework idioms listed in the workspace.", ("seq", "idiom"),
+         as_tool_result=True),
     _row("workspace_invalid", S, Route.BLOCK_TASK, "x-workspace_invalid", -32070,
          ("conflict", "WORKSPACE_INVALID"), "The workspace for task {seq} is invalid.",
          "Check the task's delta and the repository state, then resume.", ("seq", "issues"),
@@ -179,21 +205,22 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Read the cascade analysis for the blocked roots.", ("count",)),
     _row("task_failed", S, Route.BLOCK_TASK, "execution_failed", -32076,
          ("internal", "TASK_FAILED"), "Task {seq}'s builder failed (exit {exit_code}).",
-         "Read the builder output in the workspace record and fix the task.", ("seq", "exit_code")),
+         "Read the builder output in the workspace record and fix the task.", ("seq", "exit_code"),
+         as_tool_result=True),
     _row("dependency_missing", S, Route.RETURN_ERRORS, "invalid_facts", -32077,
          ("validation", "MISSING_REQUIRED"), "A required dependency is missing: {name}.",
          "Install or configure the missing dependency.", ("name",)),
     # --- Transient causes named by FTL ERROR_HANDLING.
     _row("network_error", T, Route.SUMMARY, "server_not_ready", -32013,
          ("unavailable", "UNAVAILABLE"), "A network call failed.",
-         "Check connectivity to the tool server; the call was retried once.", ("tool",)),
+         "Check connectivity to the tool server; the call was retried once.", ("tool", "problem")),
     _row("lock_contention", T, Route.SUMMARY, "server_not_ready", -32078,
          ("conflict", "RESOURCE_BUSY"), "A resource was locked by another process.",
          "Wait for the other process; the call was retried once.", ("resource",)),
     _row("flaky_test", T, Route.BLOCK_TASK, "execution_failed", -32079,
          ("validation", "VERIFICATION_FAILED"), "Task {seq}'s verify failed and may be flaky.",
          "The verify was retried; if it keeps failing it is treated as verify_failed.", ("seq",),
-         recoverable=True),
+         recoverable=True, as_tool_result=True),
     # --- Protocol and gate kinds (reference §4.1 second table).
     _row("parse_error", S, Route.SUMMARY, "malformed_message", -32700, ("validation", "INVALID_FORMAT"),
          "The message is not valid JSON.", "Send one JSON object.", ("line", "column")),
@@ -202,6 +229,10 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Send a request that matches the protocol's envelope.", ("violations",)),
     _row("invalid_type", S, Route.SUMMARY, "invalid_type", -32601, ("validation", "INVALID_FORMAT"),
          "Unknown message type {type}.", "Use one of the protocol's message types.", ("type",)),
+    _row("method_not_found", S, Route.SUMMARY, "invalid_type", -32601, ("not_found", "METHOD_NOT_FOUND"),
+         "Method {method} is not served here.",
+         "Call a method the server supports (tools/list, tools/call); list the tools first.",
+         ("method",)),
     _row("message_too_large", S, Route.SUMMARY, "message_too_large", -32600,
          ("validation", "CONTENT_TOO_LARGE"), "The message is larger than {limit_bytes} bytes.",
          "Send a smaller message.", ("limit_bytes", "size_bytes")),
@@ -230,7 +261,8 @@ _ROWS: tuple[ErrorKind, ...] = (
          ("authorization", "FORBIDDEN"), "The credentials do not permit this call.",
          "Use credentials with the needed scope.", ()),
     _row("tool_not_exposed", S, Route.BLOCK_TASK, "macro_not_found", -32015, ("not_found", "NOT_FOUND"),
-         "Tool {tool} is not available.", "Use a tool listed by the server.", ("tool",), gate="visibility"),
+         "Tool {tool} is not available.", "Use a tool listed by the server.",
+         ("tool", "intent", "offered"), gate="visibility"),
     _row("macro_not_found", T, Route.SUMMARY, "macro_not_found", -32085, ("not_found", "NOT_FOUND"),
          "Macro-tool {macro_id} is unknown or evicted.", "Evaluate the intent again and invoke the new macro_id.",
          ("macro_id",)),
@@ -248,7 +280,8 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Change the call or ask the approver again.", ("tool",), gate="approval"),
     _row("approval_timeout", T, Route.BLOCK_TASK, "confirmation_required", -32008,
          ("unavailable", "UNAVAILABLE"), "No approval for {tool} arrived in time.",
-         "Approve sooner or raise the approval timeout.", ("tool", "timeout_s"), gate="approval"),
+         "Approve sooner or raise the approval timeout.", ("tool", "timeout_s"), gate="approval",
+         as_tool_result=True),
     _row("approval_not_found", S, Route.BLOCK_TASK, "confirmation_invalid", -32017,
          ("not_found", "NOT_FOUND"), "No approval workflow is configured for {tool}.",
          "Configure an approval command or file in ftl.toml.", ("tool",), gate="approval"),
@@ -257,13 +290,15 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Fix the configuration file and run again.", ("problem", "violations")),
     _row("confirmation_required", S, Route.BLOCK_TASK, "confirmation_required", -32086,
          ("authorization", "CONFIRMATION_REQUIRED"), "Tool {tool} needs a confirmation token.",
-         "Ask the user, then retry with the token the server issued.", ("tool",)),
+         "Ask the user, then retry with the token the server issued.",
+         ("tool", "macro_id", "confirmation_token", "side_effects", "reversible", "expires_in_ms")),
     _row("rate_limited", T, Route.SUMMARY, "rate_limited", -32009,
          ("rate_limit", "RATE_LIMIT_EXCEEDED"), "Too many requests.",
-         "Wait retry_after_ms, then retry.", ("retry_after_ms",)),
+         "Wait retry_after_ms, then retry.", ("retry_after_ms",), retry_after_source="server"),
     _row("server_not_ready", T, Route.SUMMARY, "server_not_ready", -32013,
          ("unavailable", "UNAVAILABLE"), "The tool server is not ready ({status}).",
-         "Wait retry_after_ms, then retry.", ("status", "retry_after_ms")),
+         "Wait retry_after_ms, then retry.", ("status", "retry_after_ms"),
+         retry_after_source="server"),
     _row("execution_failed", S, Route.BLOCK_TASK, "execution_failed", -32087,
          ("internal", "EXECUTION_FAILED"), "Tool {tool} failed.", "Read the event log for the failure.",
          ("tool",)),
@@ -275,6 +310,17 @@ _ROWS: tuple[ErrorKind, ...] = (
     _row("conflict", S, Route.SUMMARY, "x-conflict", -32089, ("conflict", "CONFLICT"),
          "{what}", "Check the current state and try again.", ("what",),
          http_status=409, recoverable=False),
+    _row("illegal_transition", S, Route.SUMMARY, "x-illegal_transition", -32090,
+         ("validation", "INVALID_STATE_TRANSITION"), "{what}",
+         "Make one of the moves listed in details.legal_moves. Task moves: pending -> running "
+         "(dependencies complete) or blocked (propagation); running -> complete, blocked, or "
+         "pending (resume only); blocked -> pending (re-plan only); complete is final.",
+         ("what", "seq", "from_status", "to_status", "legal_moves"),
+         http_status=409, recoverable=False),
+    _row("protocol_error", S, Route.SUMMARY, "malformed_message", -32002,
+         ("internal", "PROTOCOL_ERROR"), "The server sent a reply that breaks the protocol.",
+         "Check that the server speaks a supported protocol version; report the correlation id "
+         "to its operator.", ("message_type", "violations")),
     _row("invalid_state", S, Route.SUMMARY, "internal_error", -32603,
          ("internal", "INVALID_STATE_TRANSITION"), "Trigger {trigger} is not allowed in state {state}.",
          "This is a runner bug or a corrupted store; report the correlation id.", ("trigger", "state")),
@@ -315,8 +361,13 @@ class FtlError(Exception):
         self.kind = kind(error_type)
         self.details: dict[str, Any] = dict(details or {})
         self.retry_after_ms = retry_after_ms
-        self.message = message or self.kind.message.format_map(_SafeFormat(self.safe_details()))
+        self.message = message or self.template_message()
         super().__init__(self.message)
+
+    def template_message(self) -> str:
+        """The row's message template filled from the safe details only (``?`` for a missing
+        one): what a surface shows when an explicit message is unfit to leave ftl."""
+        return self.kind.message.format_map(_SafeFormat(self.safe_details()))
 
     @property
     def error_type(self) -> str:

@@ -1,5 +1,11 @@
 """Scrub secrets and bound the size of text that leaves ftl (event log lines, responses).
 
+`scrub` removes credentials (used for the event log, which keeps everything else). Text that
+leaves ftl towards a client goes through `sanitize_text` / `sanitize_value` as well: invalid
+UTF-8 is replaced, control characters dropped, absolute filesystem paths cut to their last
+component, and the result capped at 1 KiB on a character boundary; `looks_internal` spots
+tracebacks, SQL and policy text so a surface can fall back to its safe template instead.
+
 Patterns cover the usual carriers of credentials: bearer/basic authorization headers, URLs with
 a user:password part, ``key=value`` pairs whose key names a secret, and well-known token shapes
 (GitHub, Slack, AWS, OpenAI/Anthropic-style ``sk-`` keys). Rule source: ThoughtGate's
@@ -8,7 +14,11 @@ sanitising requirements and response-v2 trust boundaries (errors-and-gates refer
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 REDACTED = "[REDACTED]"
@@ -58,4 +68,105 @@ def scrub_value(value: Any) -> Any:
         return {key: scrub_value(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
         return [scrub_value(item) for item in value]
+    return value
+
+
+# --------------------------------------------------------------------------- client-bound text
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps \t and \n (response-v2 04 §5)
+# An absolute POSIX path: a "/" not preceded by a word, URL or path character, then segments.
+_ABS_POSIX = re.compile(r"(?<![\w.~:/\\-])(/[\w.@+~-]+)+/?")
+_ABS_WINDOWS = re.compile(r"(?<![\w])[A-Za-z]:\\(?:[^\\\s\"'<>|:*?]+\\)*[^\\\s\"'<>|:*?]*")
+_FILE_URI = re.compile(r"\bfile://[^\s\"'<>]+")
+# First segments of absolute paths that name a filesystem location rather than, say, a JSON
+# pointer ("/tasks/0"). Directories this process knows (home, temp, cwd, prefix) are added.
+_FS_ROOTS = frozenset({
+    "home", "root", "tmp", "var", "usr", "etc", "opt", "srv", "mnt", "media", "private",
+    "Users", "Volumes", "proc", "sys", "dev", "run", "nix", "snap", "bin", "sbin", "boot",
+    "lib", "lib64", "Library", "System", "Applications", "workspace", "work",
+})
+PATH_MARKER = "…"
+
+
+def _known_prefixes() -> tuple[str, ...]:
+    found = set()
+    for raw in (os.path.expanduser("~"), tempfile.gettempdir(), os.getcwd(), sys.prefix,
+                sys.base_prefix, str(Path(__file__).resolve().parent.parent)):
+        try:
+            resolved = str(Path(raw).resolve())
+        except (OSError, RuntimeError):
+            continue
+        if resolved not in ("/", ""):
+            found.update({raw.rstrip("/"), resolved.rstrip("/")})
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _is_filesystem_path(path: str) -> bool:
+    first = path.lstrip("/").split("/", 1)[0]
+    if first in _FS_ROOTS:
+        return True
+    return any(path == prefix or path.startswith(prefix + "/") for prefix in _known_prefixes())
+
+
+def _last_component(path: str) -> str:
+    name = path.rstrip("/\\").replace("\\", "/").rsplit("/", 1)[-1]
+    return f"{PATH_MARKER}/{name}" if name else PATH_MARKER
+
+
+def redact_paths(text: str) -> str:
+    """Replace absolute filesystem paths by ``…/<last component>`` (``/tmp/x/plan.json`` ->
+    ``…/plan.json``); JSON pointers (``/tasks/0``) and URLs are left alone.
+
+    Rule source: response-v2 trust boundaries (no file paths in responses, reference §2.6).
+    """
+    text = _FILE_URI.sub(PATH_MARKER, text)
+    text = _ABS_WINDOWS.sub(lambda m: _last_component(m.group(0)), text)
+    return _ABS_POSIX.sub(lambda m: _last_component(m.group(0)) if _is_filesystem_path(m.group(0))
+                          else m.group(0), text)
+
+
+_INTERNAL = (
+    re.compile(r"Traceback \(most recent call last\)"),
+    re.compile(r"File \"[^\"]+\", line \d+"),
+    re.compile(r"\b(?:SELECT\b[^;]*?\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
+               r"CREATE\s+(?:TABLE|INDEX|UNIQUE\s+INDEX)|DROP\s+TABLE|ALTER\s+TABLE|PRAGMA\s+\w+)\b"),
+    re.compile(r"\b(?:UNIQUE|NOT NULL|CHECK|FOREIGN KEY|PRIMARY KEY) constraint failed\b"),
+    re.compile(r"\b(?:permit|forbid)\s*\(\s*principal\b"),
+)
+
+
+def looks_internal(text: str) -> bool:
+    """True when ``text`` carries internals a client must never see: a Python traceback, SQL
+    (statements in upper case, as ftl's store writes them), a SQLite constraint message, or
+    Cedar policy text (ThoughtGate §1.7, response-v2 §2.6)."""
+    return any(pattern.search(text) for pattern in _INTERNAL)
+
+
+def decode_text(value: str | bytes | bytearray) -> str:
+    """Text from bytes or str with every invalid UTF-8 sequence (and lone surrogate) replaced
+    by U+FFFD (ThoughtGate EC-ERR-003)."""
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    return value.encode("utf-8", errors="surrogatepass").decode("utf-8", errors="replace")
+
+
+def sanitize_text(value: str | bytes | bytearray, limit_bytes: int = MESSAGE_LIMIT_BYTES) -> str:
+    """Client-bound text: decoded (`decode_text`), control characters but tab and newline
+    removed, secrets scrubbed, absolute paths cut (`redact_paths`), capped at ``limit_bytes``
+    UTF-8 bytes on a character boundary (ThoughtGate EC-ERR-002/003/006)."""
+    text = _CONTROL.sub("", decode_text(value))
+    return truncate_utf8(redact_paths(scrub(text)), limit_bytes)
+
+
+def sanitize_value(value: Any, limit_bytes: int = MESSAGE_LIMIT_BYTES) -> Any:
+    """`sanitize_text` on every string inside a JSON-like value (keys kept, key strings
+    included); a string that `looks_internal` becomes ``[REDACTED]``."""
+    if isinstance(value, (str, bytes, bytearray)):
+        text = decode_text(value)
+        return REDACTED if looks_internal(text) else sanitize_text(text, limit_bytes)
+    if isinstance(value, dict):
+        return {sanitize_text(str(key), 256): sanitize_value(item, limit_bytes)
+                for key, item in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [sanitize_value(item, limit_bytes) for item in value]
     return value

@@ -5,14 +5,25 @@ state of the TASK flow (the plan's tasks in dependency order, one at a time; FTL
 first). The runner, not the builder, decides complete or blocked (FTL §8.3 item 6): it runs the
 verify command itself and blocks a task that changed files outside its delta/creates (item 7).
 
-Checkpoint: when the builder succeeds its workspace is marked ``built`` before verify runs, so
-a crash during verify resumes with verify only and a task's run command never completes twice.
+Checkpoints, so that a task's run command completes at most once across crashes:
+
+* when the builder succeeds its workspace is marked ``built`` before verify runs, so a crash
+  during verify resumes with verify only; a resumed attempt that reuses a build is itself marked
+  ``built``, so a second crash still finds it;
+* a shell build is wrapped so that the shell writes ``.ftl/checkpoints/<campaign_id>/
+  <workspace_id>-<attempt>.built`` the moment the run command exits 0. A kill of ftl between
+  that exit and the store's ``built`` row (the builder's change detection, the reply, the
+  commit: tens of ms), or a command that finishes in the tool server after ftl died, leaves an
+  ``abandoned`` attempt with that file, which resume takes as built instead of running the
+  command again. Agent builds have no such point and stay at-least-once.
 """
 
 from __future__ import annotations
 
+import shlex
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from ftl import events as ev
@@ -62,6 +73,9 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
         spec = workspace.model_dump(mode="json")
         built = _already_built(run, seq)
         run.store.record_workspace(run.campaign_id, {**spec, "status": "active"})
+        if built is not None:  # carry the checkpoint into this attempt (a second crash keeps it)
+            run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
+                                       {**built, "reused_build": True})
         facts = run.facts() + [fact("task", seq, task.type.value)]
         if task.run:
             facts.append(fact("task_has_run", seq))
@@ -71,18 +85,24 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
         build_result: dict[str, Any] = built or {}
         if built is None:
             builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
+            build_spec = spec
+            if builder == "shell_builder" and task.run:
+                build_spec = {**spec, "run": _with_checkpoint(task.run, _checkpoint(run, workspace))}
             try:
                 # Parallel tasks share one work tree: files other tasks may write are not
                 # charged to this one by the file-scope check.
                 others = sorted({path for other in run.current_plan.tasks if other.seq != seq
                                  for path in (*other.delta, *other.creates)})
                 build_result = run.recovery.run(
-                    lambda n: _build_once(run, facts, builder, spec, seq, cancel, others),
+                    lambda n: _build_once(run, facts, builder, build_spec, seq, cancel, others),
                     tool=builder, seq=seq, state=run.machine_state, escalate=_escalate_build)
             except FtlError as error:
                 if cancel.is_set():
                     return TaskOutcome(seq, "cancelled", {})
                 return _block(run, workspace, error)
+            if build_spec is not spec:  # report the user's command, not the wrapper
+                build_result["delivered"] = str(build_result.get("delivered") or "").replace(
+                    build_spec["run"], task.run)
             scope = build_result.get("out_of_scope") or []
             if scope:
                 error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
@@ -159,11 +179,44 @@ def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str) -> None:
 
 
 def _already_built(run: Run, seq: str) -> dict[str, Any] | None:
-    """The result of a build that finished before a crash, if verify has not run since."""
+    """The result of a build that finished before a crash, so that resume verifies instead of
+    building again: the last attempt is ``built``; or ``complete`` (the crash fell between the
+    workspace's and the task's commits, so the task is not complete yet); or it was abandoned
+    by a crash after its shell checkpoint."""
     rows = run.store.workspaces(run.campaign_id, seq)
-    if rows and rows[-1].get("status") == "built":
-        return rows[-1].get("result") or {}
+    if not rows:
+        return None
+    last = rows[-1]
+    if last.get("status") == "built":
+        return last.get("result") or {}
+    if last.get("status") == "complete":
+        return (last.get("result") or {}).get("build") or {}
+    if last.get("status") == "abandoned" and _checkpoint_path(
+            run, last["workspace_id"], last["attempt"]).exists():
+        return {"status": "complete", "delivered": f"ran: {last['spec'].get('run') or ''}",
+                "from_checkpoint": True}
     return None
+
+
+def _checkpoint_path(run: Run, workspace_id: str, attempt: int) -> Path:
+    return run.repo / ".ftl" / "checkpoints" / run.campaign_id / f"{workspace_id}-{attempt}.built"
+
+
+def _checkpoint(run: Run, workspace: Any) -> Path:
+    path = _checkpoint_path(run, workspace.workspace_id, workspace.attempt)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def _with_checkpoint(command: str, checkpoint: Path) -> str:
+    """``command`` in a subshell, then the checkpoint written by a shell builtin on exit 0.
+
+    Newlines, not ``;``, close the subshell, so a trailing ``# comment`` in the command cannot
+    swallow the wrapper; the command's exit status is the wrapper's.
+    """
+    return (f"(\n{command}\n)\nftl_status=$?\n"
+            f"if [ $ftl_status -eq 0 ]; then : > {shlex.quote(str(checkpoint))}; fi\n"
+            "exit $ftl_status")
 
 
 def _bridge(token: CancelToken) -> threading.Event:

@@ -6,15 +6,16 @@ Independent of ftl's own tools: ``ftl.server`` builds ftl's embedded server on t
 from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.messages import (
     PROTOCOL_VERSION, SUPPORTED_VERSIONS, Fact, IntentResponse, InvokeResponse, MacroTool, Manifest,
-    ProtocolError, fact, make_error, parse_message, to_ftl_error)
+    ProtocolError, apply_state_delta, fact, make_error, parse_message, to_ftl_error)
 from ftl.manglecp.server import (
-    BearerAuth, ManglecpServer, Principal, ServerInfo, ServerLimits, Session, ToolDefinition)
+    BearerAuth, BoundContext, InvocationOutcome, ManglecpServer, Principal, ServerInfo, ServerLimits,
+    Session, Skill, ToolDefinition)
 from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport, Transport
 
 __all__ = [
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Fact", "IntentResponse", "InvokeResponse", "MacroTool",
-    "Manifest", "ProtocolError", "fact", "make_error", "parse_message", "to_ftl_error",
-    "BearerAuth", "ManglecpServer", "Principal", "ServerInfo", "ServerLimits", "Session",
-    "ToolDefinition", "HttpTransport", "InProcessTransport", "StdioTransport", "Transport",
+    "Manifest", "ProtocolError", "apply_state_delta", "fact", "make_error", "parse_message",
+    "to_ftl_error", "BearerAuth", "BoundContext", "InvocationOutcome", "ManglecpServer", "Principal",
+    "ServerInfo", "ServerLimits", "Session", "Skill", "ToolDefinition", "HttpTransport", "InProcessTransport", "StdioTransport", "Transport",
     "ManglecpClient",
 ]

@@ -834,3 +834,53 @@ def facts_error(violations: list[dict[str, Any]], id: str | None = None) -> Prot
     code = issues.pop() if len(issues) == 1 else "invalid_facts"
     return ProtocolError(code, f"{len(violations)} fact(s) failed validation.",
                          {"count": len(violations), "violations": violations}, id=id)
+
+
+# ---------------------------------------------------------------------------------------------
+# State delta, client side (spec 07 §4; conformance C-9)
+
+
+def _delta_key(fact: Mapping[str, Any]) -> str:
+    return json.dumps([fact.get("pred"), fact.get("args"), fact.get("t")], sort_keys=True,
+                      separators=(",", ":"), ensure_ascii=False)
+
+
+def matches_pattern(pattern: Mapping[str, Any], fact: Mapping[str, Any]) -> bool:
+    """Whether a retract ``pattern`` matches ``fact``: same predicate and arity, and every
+    non-null pattern argument equal to the fact's (``null`` is a wildcard; spec 07 §4)."""
+    pattern_args, fact_args = pattern.get("args") or [], fact.get("args") or []
+    return (pattern.get("pred") == fact.get("pred") and len(pattern_args) == len(fact_args)
+            and all(p is None or p == a for p, a in zip(pattern_args, fact_args)))
+
+
+def apply_state_delta(facts: Sequence[Mapping[str, Any]], delta: Mapping[str, Any] | None
+                      ) -> list[dict[str, Any]]:
+    """A client's working set after an invocation's ``state_delta`` (spec 07 §4; reference §6.4).
+
+    Every retract is applied before any assert, as one step. Asserted facts re-enter as
+    ``session`` facts (conformance C-9) without the server's ``source``: provenance is not part
+    of a fact's identity, and a fact the client sends is the client's. Facts are deduplicated on
+    (pred, args, t). Pure: the input is not changed.
+
+    Args:
+        facts: the working set, wire facts (``{"pred", "args", "t"?, ...}``).
+        delta: ``{"assert": [...], "retract": [...]}`` (either may be missing), or None.
+    Returns:
+        the new working set, in order: kept facts, then new asserts.
+    """
+    delta = delta or {}
+    retracts = [r for r in delta.get("retract") or [] if isinstance(r, Mapping)]
+    kept = [dict(f) for f in facts if not any(matches_pattern(r, f) for r in retracts)]
+    seen = {_delta_key(f) for f in kept}
+    for item in delta.get("assert") or []:
+        if not isinstance(item, Mapping):
+            continue
+        fact = {"pred": item.get("pred"), "args": list(item.get("args") or [])}
+        if item.get("t") is not None:
+            fact["t"] = item["t"]
+        fact["category"] = "session"
+        key = _delta_key(fact)
+        if key not in seen:
+            seen.add(key)
+            kept.append(fact)
+    return kept

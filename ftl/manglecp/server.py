@@ -3,10 +3,17 @@
 A `ManglecpServer` takes one message (bytes, text or dict) and returns the messages to send back.
 It runs the layer-1 checks (MangleCP spec 08 §2.1) in the order size -> envelope -> version ->
 type -> auth -> status -> rate limit -> payload -> facts, hands valid intents to an `Evaluator`
-(the selection engine, e.g. clingo rules), renders the selected macro-tools with disclosure levels
-(spec 05 §5, spec 06), caches them for invocation, and runs invocations with schema validation,
-confirmation tokens, progress and cancellation (spec 07). Transports (stdio, HTTP, in-process)
-only move bytes; they all call `ManglecpServer.handle`.
+(the selection engine, e.g. clingo rules), renders the selected macro-tools with disclosure levels,
+skills, context resources and validity windows (spec 05 §5, spec 06), caches them with the
+evaluation they are bound to, and runs invocations with expiry, schema validation, an optional
+gate, confirmation tokens, periodic progress and cancellation, answering with the result, a
+state delta and suggested next intents (spec 07). Transports (stdio, HTTP, in-process) only move
+bytes; they all call `ManglecpServer.handle`.
+
+Gate hook: an optional duck-typed ``gate`` object with ``visible(tool_name) -> bool`` (tools it
+hides are absent: never selected, ``macro_not_found`` on invoke) and ``check(call) -> None``
+(called on every invocation after schema validation and before anything runs; it raises an
+`FtlError` of a gate kind, rendered from that kind's registry row).
 """
 
 from __future__ import annotations
@@ -30,10 +37,10 @@ from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
 from ftl.manglecp.messages import (
-    CLIENT_TYPES, MIN_MESSAGE_BYTES, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel, FactsProfile,
-    IntentRequest, InvokeRequest, Manifest, NormalFact, PredicateSchema, ProtocolError,
+    CLIENT_TYPES, INT53_MAX, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
+    FactsProfile, IntentRequest, InvokeRequest, Manifest, NormalFact, PredicateSchema, ProtocolError,
     Authenticate, envelope, facts_error, format_time, http_status, make_error, parse_message,
-    parse_payload, parse_time, validate_facts)
+    parse_payload, parse_time, to_ftl_error, validate_facts)
 
 log = logging.getLogger("ftl.manglecp.server")
 
@@ -64,6 +71,74 @@ class InvocationContext:
 
 
 @dataclass(frozen=True)
+class BoundContext:
+    """The evaluation a macro-tool was returned by: what its invocation is bound to (reference
+    §5.5, §11 item 23).
+
+    Attributes:
+        intent, params: the evaluated intent.
+        facts: the validated client facts of that evaluation (``disclosure_upgrade`` left out).
+    """
+
+    intent: str
+    params: Mapping[str, Any] = field(default_factory=dict)
+    facts: tuple[NormalFact, ...] = ()
+
+    def args_of(self, pred: str) -> list[tuple[Any, ...]]:
+        """The argument tuples of every bound fact called ``pred``, in order."""
+        return [f.args for f in self.facts if f.pred == pred]
+
+    def digest(self) -> str:
+        """A deterministic digest of the binding (sorted facts + params); part of the macro id."""
+        keys = sorted(f.key() for f in self.facts)
+        return hashlib.sha256(canonical_json([keys, dict(self.params)]).encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class InvocationOutcome:
+    """What a successful invocation implies beyond its result (spec 07 §3-4).
+
+    Attributes:
+        asserts: facts ``{"pred", "args", "t"?, "source"?, "category"?}`` for
+            ``state_delta.assert``; the server adds ``category: "session"`` and a ``server``
+            source when they are missing, and drops (and logs) facts its profile does not declare.
+        retracts: patterns ``{"pred", "args"}`` (``None`` = wildcard) for ``state_delta.retract``.
+        suggested_intents: ``{"name", "description", "params"?}`` for ``next.suggested_intents``.
+        continuation_facts: facts to send with a suggested intent (``next.continuation_facts``).
+        events: extra ``observability.events`` (``{"action", "status", "duration_ms"?, "detail"?}``).
+        summary: 1-3 sentences for ``observability.summary`` (default: "<tool> completed in N ms.").
+    """
+
+    asserts: tuple[Mapping[str, Any], ...] = ()
+    retracts: tuple[Mapping[str, Any], ...] = ()
+    suggested_intents: tuple[Mapping[str, Any], ...] = ()
+    continuation_facts: tuple[Mapping[str, Any], ...] = ()
+    events: tuple[Mapping[str, Any], ...] = ()
+    summary: str | None = None
+
+
+@dataclass(frozen=True)
+class Skill:
+    """A skill (spec 06 §5): guidance a client needs to use a macro-tool well.
+
+    Attributes:
+        skill_id: id the selection rules use (``needs_skill(Tool, SkillId)``).
+        name, description: REQUIRED by spec 06; the description goes with a referenced skill.
+        content: the full text (sent when the skill goes out inline).
+        content_type: media type of ``content``.
+        inline: send the content inline (small skills); otherwise only the reference. Under a
+            tight token budget inline skills become references first.
+    """
+
+    skill_id: str
+    name: str
+    description: str
+    content: str
+    content_type: str = "text/markdown"
+    inline: bool = True
+
+
+@dataclass(frozen=True)
 class ToolDefinition:
     """A macro-tool the server can select and run.
 
@@ -80,6 +155,10 @@ class ToolDefinition:
         reversible, idempotent: safety flags (spec 06 §2).
         output_schema: when set, results are checked against it.
         instructions: optional short ``context_injection.instructions``.
+        validity_s: validity window of a returned macro-tool, s (None: the server default
+            ``ServerLimits.macro_validity_s``).
+        outcome: ``outcome(args, result, bound: BoundContext) -> InvocationOutcome``: the state
+            delta and next steps of a successful invocation (None: none).
     """
 
     name: str
@@ -94,6 +173,8 @@ class ToolDefinition:
     idempotent: bool = False
     output_schema: Mapping[str, Any] | None = None
     instructions: str | None = None
+    validity_s: float | None = None
+    outcome: Callable[[dict[str, Any], dict[str, Any], BoundContext], InvocationOutcome] | None = None
 
 
 @dataclass(frozen=True)
@@ -104,13 +185,19 @@ class Selection:
         tool: a catalog name.
         score: relevance 0-100 (drives adaptive disclosure and ordering).
         phase: ``skeleton``, ``flesh`` or ``dependency`` (``metadata.selection_phase``).
-        rules: predicate-level rule chain for proof hints (names only).
+        rules: predicate-level rule chain, leaves first (proof hints; names only).
+        skills: ids of the skills the rules proved necessary for it.
+        resources: ``(uri, priority 0-100)`` context resources the rules derived for it.
+        supporting: the client facts its derivation rests on (proof hints).
     """
 
     tool: str
     score: int
     phase: str
     rules: tuple[str, ...] = ()
+    skills: tuple[str, ...] = ()
+    resources: tuple[tuple[str, int], ...] = ()
+    supporting: tuple[NormalFact, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -125,6 +212,9 @@ class EvaluationInput:
         max_compute_ms: wall-clock limit, ms (None: unlimited).
         max_intervals_per_atom: interval limit (None: unlimited).
         cancel: set to abandon the evaluation (session cancel).
+        hidden_tools: tools a gate hides; the rules treat them as absent.
+        explain: compute derivations (``Selection.rules``/``supporting``) and unmatched facts.
+        rule_coverage: compute ``EvaluationResult.rule_coverage``.
     """
 
     intent: str
@@ -135,6 +225,9 @@ class EvaluationInput:
     max_compute_ms: int | None = None
     max_intervals_per_atom: int | None = None
     cancel: threading.Event | None = None
+    hidden_tools: tuple[str, ...] = ()
+    explain: bool = False
+    rule_coverage: bool = False
 
 
 @dataclass(frozen=True)
@@ -147,6 +240,9 @@ class EvaluationResult:
         facts_evaluated: facts in the store at the start (server + session).
         facts_derived: facts derived by this evaluation.
         phases_completed: pipeline phases run.
+        unmatched: client facts no rule used (when explained).
+        rules_fired: rule activations (when explained), else None.
+        rule_coverage: spec 09 §6 object (when asked), else None.
     """
 
     selections: tuple[Selection, ...]
@@ -154,6 +250,9 @@ class EvaluationResult:
     facts_evaluated: int = 0
     facts_derived: int = 0
     phases_completed: int = 6
+    unmatched: tuple[NormalFact, ...] = ()
+    rules_fired: int | None = None
+    rule_coverage: Mapping[str, Any] | None = None
 
 
 class Evaluator(Protocol):
@@ -193,9 +292,14 @@ class ServerLimits:
 
     Advertised in ``manifest.limits``: max_message_bytes (>= 16 MiB), max_facts_per_request,
     max_derived_facts, max_compute_ms, max_intervals_per_atom. The rest are server-side:
-    rate limiting (token bucket per identity; ``rate_per_s=None`` disables it), the macro cache
-    (``macro_ttl_s``, ``macro_cache_size``), adaptive disclosure thresholds (spec 05 §5.2
-    defaults 70/40/20), confirmation token lifetime and the retry hint for ``server_not_ready``.
+    rate limiting (token bucket per identity; ``rate_per_s=None`` disables it); the macro cache:
+    ``macro_validity_s`` (the ``validity`` window of returned tools, None: no window), how long
+    an entry is kept past its window (or past issue without a window) before eviction
+    (``macro_ttl_s``; an invoke then gets ``macro_not_found``, inside it ``macro_expired``) and
+    its size; adaptive disclosure thresholds (spec 05 §5.2 defaults 70/40/20); confirmation
+    token lifetime; the retry hint for ``server_not_ready``; the period of ``running`` progress
+    messages during an invocation (None: none); the caps on state-delta asserts and
+    observability events (spec 07 §5.3); and whether rule coverage may be requested (dev mode).
     """
 
     max_message_bytes: int = MIN_MESSAGE_BYTES
@@ -205,6 +309,7 @@ class ServerLimits:
     max_intervals_per_atom: int | None = None
     rate_per_s: float | None = None
     rate_burst: int = 20
+    macro_validity_s: float | None = 900.0
     macro_ttl_s: float = 3600.0
     macro_cache_size: int = 4096
     full_threshold: int = 70
@@ -212,6 +317,10 @@ class ServerLimits:
     minimal_threshold: int = 20
     confirmation_ttl_s: float = 300.0
     not_ready_retry_after_ms: int = 1000
+    progress_interval_s: float | None = 5.0
+    max_delta_facts: int = 50
+    max_observability_events: int = 20
+    rule_coverage: bool = False
 
 
 class Clock(Protocol):
@@ -402,12 +511,14 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
-def macro_id_for(tool: ToolDefinition, intent: str) -> str:
-    """Deterministic macro id: ``"m-" + sha256(canonical [name, version, intent])[:16]``.
+def macro_id_for(tool: ToolDefinition, intent: str, binding: str = "") -> str:
+    """Deterministic macro id: ``"m-" + sha256(canonical [name, version, intent, binding])[:16]``.
 
-    Same tool, version and intent give the same id in every process (no salted `hash()`).
+    ``binding`` is `BoundContext.digest` (sorted facts and params), so two evaluations with
+    different facts never share an id, while the same tool, version, intent and facts give the
+    same id in every process (no salted `hash()`; reference §10.4, §11 item 23).
     """
-    digest = hashlib.sha256(canonical_json([tool.name, tool.version, intent]).encode("utf-8"))
+    digest = hashlib.sha256(canonical_json([tool.name, tool.version, intent, binding]).encode("utf-8"))
     return "m-" + digest.hexdigest()[:16]
 
 
@@ -416,10 +527,36 @@ def estimate_tokens(rendered: Mapping[str, Any]) -> int:
     return math.ceil(len(canonical_json(rendered)) / 4)
 
 
-def render_tool(tool: ToolDefinition, macro_id: str, level: str, selection: Selection) -> dict[str, Any]:
-    """A MacroTool dict at ``level`` (spec 06 §4 field whitelist: minimal never carries a
-    description or metadata; only full carries schemas and safety)."""
-    out: dict[str, Any] = {"macro_id": macro_id, "name": tool.name, "disclosure_level": level}
+@dataclass
+class RenderChoice:
+    """How one selected tool is rendered; the token-budget fitter edits these.
+
+    Attributes:
+        selection, tool, macro_id: what is rendered.
+        level: ``full`` | ``condensed`` | ``minimal``.
+        inline_skills: inline skills go out with their content (else as references).
+        resources: the context resources still sent, highest priority first.
+        validity: the ``validity`` object (full level only), or None.
+    """
+
+    selection: Selection
+    tool: ToolDefinition
+    macro_id: str
+    level: str
+    inline_skills: bool = True
+    resources: tuple[tuple[str, int], ...] = ()
+    validity: Mapping[str, Any] | None = None
+
+
+def render_tool(choice: RenderChoice, skills: Mapping[str, Skill] | None = None) -> dict[str, Any]:
+    """A MacroTool dict (spec 06 §4 field whitelist: minimal never carries a description or
+    metadata; only full carries schemas, safety, context injection and validity).
+
+    Skills: inline ones as ``{"skill_id", "inline": true, "content"}``, referenced ones as
+    ``{"skill_id", "inline": false, "description"}``; ids missing from ``skills`` are skipped.
+    """
+    tool, selection, level = choice.tool, choice.selection, choice.level
+    out: dict[str, Any] = {"macro_id": choice.macro_id, "name": tool.name, "disclosure_level": level}
     if level == "minimal":
         return out
     metadata = {"selection_phase": selection.phase, "score": selection.score}
@@ -434,17 +571,56 @@ def render_tool(tool: ToolDefinition, macro_id: str, level: str, selection: Sele
     out["safety"] = {"requires_user_confirmation": tool.requires_confirmation,
                      "side_effects": list(tool.side_effects) or ["none"],
                      "reversible": tool.reversible, "idempotent": tool.idempotent}
+    injection: dict[str, Any] = {}
     if tool.instructions:
-        out["context_injection"] = {"instructions": tool.instructions}
+        injection["instructions"] = tool.instructions
+    refs = []
+    for skill_id in selection.skills:
+        skill = (skills or {}).get(skill_id)
+        if skill is None:
+            continue
+        if skill.inline and choice.inline_skills:
+            refs.append({"skill_id": skill.skill_id, "inline": True, "content": skill.content})
+        else:
+            refs.append({"skill_id": skill.skill_id, "inline": False, "description": skill.description})
+    if refs:
+        injection["skills"] = refs
+    if choice.resources:
+        injection["context_resources"] = [{"uri": uri, "priority": priority}
+                                          for uri, priority in choice.resources]
+    if injection:
+        out["context_injection"] = injection
+    if choice.validity:
+        out["validity"] = dict(choice.validity)
     out["metadata"] = metadata
+    return out
+
+
+def wire_fact(fact: NormalFact) -> dict[str, Any]:
+    """A validated fact back in wire form (ints beyond 2^53 as ``int64`` wrappers, spec 03 §3.2)."""
+    def value(v: Any) -> Any:
+        if isinstance(v, bool) or not isinstance(v, (int, list, dict)):
+            return v
+        if isinstance(v, int):
+            return v if abs(v) <= INT53_MAX else {"_type": "int64", "value": str(v)}
+        if isinstance(v, list):
+            return [value(x) for x in v]
+        return {k: value(x) for k, x in v.items()}
+
+    out: dict[str, Any] = {"pred": fact.pred, "args": [value(a) for a in fact.args]}
+    if fact.t is not None:
+        start, end = (format_time(p) if isinstance(p, int) else p for p in fact.t)
+        point = fact.t[0] == fact.t[1] and fact.t[0] != "_"
+        out["t"] = {"at": start} if point else {"start": start, "end": end}
     return out
 
 
 @dataclass
 class _Macro:
     tool: str
-    intent: str
+    bound: BoundContext
     created_s: float
+    expires_s: float | None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,12 +639,23 @@ class ManglecpServer:
         clock: `Clock` (wall + monotonic); inject a fake one in tests.
         status: initial manifest status (``ready`` or ``booting``...).
         secret: HMAC key for confirmation tokens (random per process by default).
+        skills: skill id -> `Skill`, for the ``needs_skill`` ids the rules derive.
+        gate: optional gate object (module doc): ``visible(tool_name) -> bool`` and
+            ``check(call) -> None`` raising an `FtlError` of a gate kind. Exceptions of any other
+            type from the gate fail closed (hidden / ``internal_error``).
+        on_error: ``on_error(error_type, gate)`` for every error the server answers (the
+            registry kind the client will see, and the refusing gate or None); e.g. a metrics
+            counter. Its own failures are logged and ignored.
+    Raises:
+        ValueError: an unknown status, or ``max_message_bytes`` under 16 MiB.
     """
 
     def __init__(self, manifest_info: ServerInfo, catalog: Mapping[str, ToolDefinition],
                  evaluator: Evaluator, *, limits: ServerLimits | None = None,
                  auth: BearerAuth | None = None, clock: Clock | None = None,
-                 status: str = "ready", secret: bytes | None = None) -> None:
+                 status: str = "ready", secret: bytes | None = None,
+                 skills: Mapping[str, Skill] | None = None, gate: Any = None,
+                 on_error: Callable[[str, str | None], None] | None = None) -> None:
         if status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}")
         self.info = manifest_info
@@ -488,7 +675,12 @@ class ManglecpServer:
                                            self.clock)
         self._validators = {name: jsonschema.Draft202012Validator(dict(tool.input_schema))
                             for name, tool in self.catalog.items()}
+        self.skills = dict(skills or {})
+        self.gate = gate
+        self.on_error = on_error
         self.facts_profile = self._facts_profile()
+        self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
+        self._intent_names = {str(i.get("name")) for i in self.info.intents}
 
     # -- manifest and status -----------------------------------------------------------------
 
@@ -503,6 +695,27 @@ class ManglecpServer:
     @property
     def status(self) -> str:
         return self._status
+
+    def level_gaps(self) -> list[str]:
+        """What keeps this server below conformance level 2 (MangleCP spec 10 §3, reference §9
+        items 28-47); empty when every level-2 feature is configured. The framework provides
+        the rest (determinism, contracts, disclosure, budgets, confirmation, readiness, cancel,
+        progress, fact details); these depend on what the server is given."""
+        gaps = []
+        if not self.info.temporal or not self._temporal:
+            gaps.append("temporal facts (capabilities.temporal and a temporal input predicate)")
+        if not self.skills:
+            gaps.append("skills (no Skill registered)")
+        if not any(tool.outcome is not None for tool in self.catalog.values()):
+            gaps.append("state_delta and suggested intents (no tool declares an outcome)")
+        return gaps
+
+    @property
+    def conformance_level(self) -> int:
+        """The level advertised: ``info.conformance_level``, lowered to 1 while `level_gaps`
+        is not empty (a server never claims a level it does not reach)."""
+        level = self.info.conformance_level
+        return 1 if level >= 2 and self.level_gaps() else level
 
     def manifest_payload(self) -> dict[str, Any]:
         """The manifest payload (spec 04 §3), validated against `Manifest`."""
@@ -519,7 +732,7 @@ class ManglecpServer:
         payload = {
             "server_name": self.info.server_name, "server_version": self.info.server_version,
             "protocol": {"manglecp": PROTOCOL_VERSION, "supported_versions": list(SUPPORTED_VERSIONS),
-                         "conformance_level": self.info.conformance_level},
+                         "conformance_level": self.conformance_level},
             "status": self._status, "domain": domain, "endpoints": dict(self.info.endpoints),
             "intents": [dict(i) for i in self.info.intents],
             "facts_profile": self.facts_profile.dump(),
@@ -577,7 +790,17 @@ class ManglecpServer:
             ``[]`` for ``cancel``; else progress messages (if buffered) then exactly one
             ``intent_response`` / ``invoke_response`` / ``authenticate_response`` / ``error``.
         """
-        session = session or Session()
+        replies = self._handle(message, session or Session(), emit)
+        if replies and replies[-1].get("type") == "error" and self.on_error is not None:
+            try:
+                error = to_ftl_error(replies[-1].get("payload", {}))
+                self.on_error(error.error_type, error.details.get("gate"))
+            except Exception:
+                log.exception("the on_error hook failed")
+        return replies
+
+    def _handle(self, message: bytes | str | Mapping[str, Any], session: Session,
+                emit: Callable[[dict[str, Any]], None] | None) -> list[dict[str, Any]]:
         try:
             env = parse_message(message, max_bytes=self.limits.max_message_bytes)
         except ProtocolError as exc:
@@ -669,6 +892,54 @@ class ManglecpServer:
             raise ProtocolError("rate_limited", "Too many requests.",
                                 {"retry_after_ms": wait_ms}, retry_after_ms=wait_ms)
 
+    # -- gate ----------------------------------------------------------------------------------
+
+    def _visible(self, name: str) -> bool:
+        """Gate 1 (visibility); no gate shows everything; a failing gate hides (fail closed)."""
+        if self.gate is None:
+            return True
+        try:
+            return bool(self.gate.visible(name))
+        except Exception:
+            log.exception("gate.visible(%r) failed; treating the tool as hidden", name)
+            return False
+
+    def _hidden_tools(self) -> tuple[str, ...]:
+        return tuple(sorted(name for name in self.catalog if not self._visible(name)))
+
+    def _gate_check(self, tool: ToolDefinition, request_id: str, request: InvokeRequest,
+                    macro: _Macro, principal: Principal) -> None:
+        """Gates 2-4 on one invocation; a refusal becomes the error row of its kind."""
+        if self.gate is None:
+            return
+        facts = macro.bound.facts
+        call = {"tool": tool.name, "args": dict(request.args), "side_effects": list(tool.side_effects),
+                "principal": principal.identity if self.auth is not None or principal is not ANONYMOUS
+                else "local",
+                "context": {"intent": macro.bound.intent, "macro_id": request.macro_id,
+                            "request_id": request_id, "fact_count": len(facts),
+                            "predicates": sorted({f.pred for f in facts}),
+                            # string args only: policy engines (Cedar) want homogeneous sets
+                            "facts": [{"pred": f.pred, "args": [a if isinstance(a, str) else canonical_json(a)
+                                                                for a in f.args]} for f in facts[:50]]}}
+        try:
+            self.gate.check(call)
+        except FtlError as exc:
+            row = exc.kind
+            log.info("gate refused %s: %s (%s)", tool.name, exc.error_type, exc.details)
+            details = {**exc.safe_details(), "error_type": exc.error_type}
+            gate = row.gate or exc.details.get("gate")
+            if gate:
+                details["gate"] = gate
+            raise ProtocolError(row.manglecp_code, exc.message, details,
+                                retry_after_ms=exc.retry_after_ms, recoverable=row.recoverable) from None
+        except Exception:
+            correlation_id = uuid.uuid4().hex[:12]
+            log.exception("gate check for %s failed (correlation id %s)", tool.name, correlation_id)
+            raise ProtocolError("internal_error",
+                                f"The gate check failed (correlation id {correlation_id}).",
+                                {"correlation_id": correlation_id}) from None
+
     # -- intent evaluation (spec 05) ---------------------------------------------------------
 
     def _evaluate(self, request_id: str | None, request: IntentRequest, principal: Principal,
@@ -699,11 +970,18 @@ class ManglecpServer:
                                                      "message": "'_' is not a point in time"}]})
             eval_time_ms = now_ms if parsed == "now" else int(parsed)
             eval_time_used = request.eval_time
+        # A temporal predicate sent without `t` holds at all times (spec 03 §4), so rules see
+        # one shape for it.
+        facts = [NormalFact(f.pred, f.args, ("_", "_")) if f.t is None and f.pred in self._temporal else f
+                 for f in facts]
 
         def effective(client: int | None, server: int | None) -> int | None:
             return server if client is None else (client if server is None else min(client, server))
 
         c = request.constraints
+        coverage = bool(self.limits.rule_coverage and request.options.model_extra
+                        and request.options.model_extra.get("x-rule_coverage") is True)
+        hidden = self._hidden_tools()
         cancel = threading.Event()
         if request_id:
             session._register(request_id, cancel)
@@ -716,7 +994,8 @@ class ManglecpServer:
                 max_compute_ms=effective(c.max_compute_ms, self.limits.max_compute_ms),
                 max_intervals_per_atom=effective(c.max_intervals_per_atom,
                                                  self.limits.max_intervals_per_atom),
-                cancel=cancel))
+                cancel=cancel, hidden_tools=hidden, explain=request.options.include_proof_hints,
+                rule_coverage=coverage))
         finally:
             if request_id:
                 session._unregister(request_id)
@@ -724,100 +1003,154 @@ class ManglecpServer:
             raise ProtocolError("cancelled", "The evaluation was cancelled.")
         duration_ms = int((self.clock.monotonic() - started) * 1000)
         upgrades = {str(f.args[0]) for f in facts if f.pred == "disclosure_upgrade" and f.args}
-        tools, hints = self._render(intent, result, request, upgrades)
+        bound = BoundContext(intent, dict(request.intent.params),
+                             tuple(f for f in facts if f.pred != "disclosure_upgrade"))
+        tools, hints, expiry = self._render(result, request, upgrades, bound, set(hidden), now_ms)
         with self._lock:
+            self._purge(now_ms / 1000)
             for tool in tools:
                 key = (session.key or principal.identity, tool["macro_id"])
-                self._macros[key] = _Macro(tool["name"], intent, self.clock.time())
+                self._macros[key] = _Macro(tool["name"], bound, now_ms / 1000, expiry.get(tool["name"]))
                 self._macros.move_to_end(key)
             while len(self._macros) > self.limits.macro_cache_size:
                 self._macros.popitem(last=False)
+        diagnostics: dict[str, Any] = {"facts_evaluated": result.facts_evaluated,
+                                       "facts_derived": result.facts_derived,
+                                       "phases_completed": result.phases_completed}
+        if result.rules_fired is not None:
+            diagnostics["rules_fired"] = result.rules_fired
+        if coverage and result.rule_coverage is not None:
+            diagnostics["rule_coverage"] = dict(result.rule_coverage)
         payload: dict[str, Any] = {
             "eval_time_used": eval_time_used, "eval_duration_ms": duration_ms, "macro_tools": tools,
-            "diagnostics": {"facts_evaluated": result.facts_evaluated,
-                            "facts_derived": result.facts_derived,
-                            "phases_completed": result.phases_completed}}
+            "diagnostics": diagnostics}
         if request.options.include_proof_hints:
             payload["proof_hints"] = hints
         return envelope("intent_response", request_id, payload)
 
-    def _render(self, intent: str, result: EvaluationResult, request: IntentRequest,
-                upgrades: set[str]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        """Order, level, truncate and budget the selected tools (spec 05 §5, reference §4.7)."""
-        chosen: list[tuple[Selection, ToolDefinition, str]] = []
+    def _render(self, result: EvaluationResult, request: IntentRequest, upgrades: set[str],
+                bound: BoundContext, hidden: set[str], now_ms: int
+                ) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, float]]:
+        """Order, level, truncate and budget the selected tools (spec 05 §5, reference §4.7).
+
+        Returns:
+            (rendered tools, proof hints, tool name -> validity end in epoch s).
+        """
+        binding = bound.digest()
+        chosen: list[RenderChoice] = []
+        expiry: dict[str, float] = {}
         for selection in result.selections:
             tool = self.catalog.get(selection.tool)
-            if tool is None:
-                log.warning("rules selected %r, which is not in the catalog", selection.tool)
+            if tool is None or selection.tool in hidden:
+                if tool is None:
+                    log.warning("rules selected %r, which is not in the catalog", selection.tool)
                 continue
-            chosen.append((selection, tool, macro_id_for(tool, intent)))
-        chosen.sort(key=lambda item: (-item[0].score, item[2]))
+            validity_s = tool.validity_s if tool.validity_s is not None else self.limits.macro_validity_s
+            validity = None
+            if validity_s is not None:
+                expires_ms = now_ms + int(validity_s * 1000)
+                expiry[tool.name] = expires_ms / 1000
+                validity = {"not_before": format_time(now_ms), "expires_at": format_time(expires_ms)}
+            chosen.append(RenderChoice(selection, tool, macro_id_for(tool, bound.intent, binding), "full",
+                                       resources=tuple(selection.resources), validity=validity))
+        chosen.sort(key=lambda c: (-c.selection.score, c.macro_id))
         preference = request.options.disclosure_preference
         limits = self.limits
-        levels: list[str | None] = []
-        for selection, _, mid in chosen:
-            if mid in upgrades:
-                levels.append("full")
+        kept: list[RenderChoice] = []
+        for choice in chosen:
+            score = choice.selection.score
+            if choice.macro_id in upgrades:
+                level: str | None = "full"
             elif preference != "adaptive":
-                levels.append(preference)
-            elif selection.score >= limits.full_threshold:
-                levels.append("full")
-            elif selection.score >= limits.condensed_threshold:
-                levels.append("condensed")
-            elif selection.score >= limits.minimal_threshold:
-                levels.append("minimal")
+                level = preference
+            elif score >= limits.full_threshold:
+                level = "full"
+            elif score >= limits.condensed_threshold:
+                level = "condensed"
+            elif score >= limits.minimal_threshold:
+                level = "minimal"
             else:
-                levels.append(None)
-        kept = [(item, level) for item, level in zip(chosen, levels) if level is not None]
+                level = None
+            if level is not None:
+                choice.level = level
+                kept.append(choice)
         cap = request.constraints.max_tools_returned
         if cap is not None:
             kept = kept[:cap]
         budget = request.constraints.max_tokens_budget
         if budget is not None:
             kept = self._fit_budget(kept, budget, upgrades)
-        tools = [render_tool(tool, mid, level, sel) for (sel, tool, mid), level in kept]
+        tools = [render_tool(choice, self.skills) for choice in kept]
         hints = {
-            "derivations": [{"macro_id": mid, "selected_by": sel.phase, "score": sel.score,
-                             "rule_chain": list(sel.rules)} for (sel, _, mid), _ in kept],
+            "derivations": [{"macro_id": c.macro_id, "selected_by": c.selection.phase,
+                             "score": c.selection.score,
+                             "supporting_facts": [wire_fact(f) for f in c.selection.supporting],
+                             "rule_chain": [r for r in c.selection.rules if PRED_RE.match(r)]}
+                            for c in kept],
             "excluded": [{"candidate": name, "excluded_by": phase, "reason": reason}
-                         for name, phase, reason in sorted(result.excluded)],
+                         for name, phase, reason in sorted(result.excluded) if name not in hidden],
+            "unmatched_facts": [{"pred": f.pred, "reason": "no rule used this fact for this intent"}
+                                for f in result.unmatched],
         }
-        return tools, hints
+        return tools, hints, {c.tool.name: expiry[c.tool.name] for c in kept if c.tool.name in expiry}
 
-    @staticmethod
-    def _fit_budget(kept: list, budget: int, upgrades: set[str]) -> list:
-        """Demote the lowest-scored tools one level at a time, then drop from the bottom."""
+    def _fit_budget(self, kept: list[RenderChoice], budget: int, upgrades: set[str]) -> list[RenderChoice]:
+        """Fit ``max_tokens_budget`` (spec 05 §5.3, spec 06 §5.3), lowest-scored tools first:
+        inline skills become references, then low-priority context resources go, then levels
+        drop one step at a time (a ``disclosure_upgrade``d tool keeps ``full``), then tools go
+        from the bottom."""
         kept = list(kept)
 
         def total() -> int:
-            return sum(estimate_tokens(render_tool(tool, mid, level, sel))
-                       for (sel, tool, mid), level in kept)
+            return sum(estimate_tokens(render_tool(choice, self.skills)) for choice in kept)
 
+        for choice in reversed(kept):
+            if total() <= budget:
+                return kept
+            if choice.level == "full" and choice.inline_skills and any(
+                    self.skills.get(k) is not None and self.skills[k].inline for k in choice.selection.skills):
+                choice.inline_skills = False
+        while total() > budget:
+            trimmable = [c for c in reversed(kept) if c.level == "full" and c.resources]
+            if not trimmable:
+                break
+            trimmable[0].resources = trimmable[0].resources[:-1]
         while kept and total() > budget:
-            for index in range(len(kept) - 1, -1, -1):
-                (sel, tool, mid), level = kept[index]
-                if level != "minimal" and mid not in upgrades:
-                    kept[index] = ((sel, tool, mid), LEVELS[LEVELS.index(level) + 1])
+            for choice in reversed(kept):
+                if choice.level != "minimal" and choice.macro_id not in upgrades:
+                    choice.level = LEVELS[LEVELS.index(choice.level) + 1]
                     break
             else:
                 kept.pop()
         return kept
+
+    def _purge(self, now_s: float) -> None:
+        """Evict cache entries past their window (or issue, without one) plus ``macro_ttl_s``.
+        Caller holds the lock."""
+        ttl = self.limits.macro_ttl_s
+        for key in [k for k, m in self._macros.items()
+                    if now_s > (m.expires_s if m.expires_s is not None else m.created_s) + ttl]:
+            del self._macros[key]
 
     # -- invocation (spec 07) ----------------------------------------------------------------
 
     def _invoke(self, request_id: str, request: InvokeRequest, principal: Principal,
                 session: Session, sink: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
         key = (session.key or principal.identity, request.macro_id)
+        now_s = self.clock.time()
         with self._lock:
+            self._purge(now_s)
             macro = self._macros.get(key)
-            if macro is not None and self.clock.time() - macro.created_s > self.limits.macro_ttl_s:
-                del self._macros[key]
-                macro = None
-        if macro is None or macro.tool not in self.catalog:
+        if macro is None or macro.tool not in self.catalog or not self._visible(macro.tool):
             raise ProtocolError("macro_not_found",
                                 f"Macro-tool {request.macro_id!r} is unknown or evicted; evaluate "
                                 "the intent again.", {"macro_id": request.macro_id})
-        if not principal.permits(macro.intent):
+        if macro.expires_s is not None and now_s >= macro.expires_s:
+            raise ProtocolError("macro_expired",
+                                f"Macro-tool {request.macro_id!r} expired; evaluate the intent again.",
+                                {"macro_id": request.macro_id,
+                                 "expired_at": format_time(int(macro.expires_s * 1000))})
+        if not principal.permits(macro.bound.intent):
             raise ProtocolError("auth_insufficient", "This caller may not invoke the macro-tool.")
         tool = self.catalog[macro.tool]
         errors = sorted(self._validators[tool.name].iter_errors(request.args),
@@ -830,6 +1163,7 @@ class ManglecpServer:
                                 f"The args do not match the input schema of {tool.name} "
                                 f"({len(schema_errors)} error(s)).",
                                 {"schema_errors": schema_errors, "tool": tool.name})
+        self._gate_check(tool, request_id, request, macro, principal)
         if tool.requires_confirmation and not principal.auto_confirms(tool.side_effects):
             token = request.confirmation_token
             if not token:
@@ -846,13 +1180,20 @@ class ManglecpServer:
             if reason is not None:
                 raise ProtocolError("confirmation_invalid", f"The confirmation token is not valid: {reason}.",
                                     {"tool": tool.name, "macro_id": request.macro_id})
-        return self._execute(request_id, tool, request, principal, session, sink)
+        return self._execute(request_id, tool, request, principal, session, sink, macro.bound)
 
     def _execute(self, request_id: str, tool: ToolDefinition, request: InvokeRequest,
                  principal: Principal, session: Session,
-                 sink: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+                 sink: Callable[[dict[str, Any]], None], bound: BoundContext) -> dict[str, Any]:
         cancel = threading.Event()
         correlation_id = uuid.uuid4().hex[:12]
+        sink_lock = threading.Lock()
+        finished = threading.Event()
+
+        def send(payload: dict[str, Any]) -> None:
+            with sink_lock:
+                if not finished.is_set():
+                    sink(envelope("progress", request_id, payload))
 
         def progress(update: Mapping[str, Any]) -> None:
             payload: dict[str, Any] = {"status": "running"}
@@ -862,11 +1203,21 @@ class ManglecpServer:
             percent = update.get("percent")
             if isinstance(percent, (int, float)) and not isinstance(percent, bool):
                 payload["percent"] = max(0.0, min(100.0, float(percent)))
-            sink(envelope("progress", request_id, payload))
+            send(payload)
 
         session._register(request_id, cancel)
-        sink(envelope("progress", request_id, {"status": "started"}))
+        send({"status": "started"})
         started = self.clock.monotonic()
+        heartbeat = None
+        interval = self.limits.progress_interval_s
+        if interval is not None and interval > 0:
+            def beat() -> None:  # periodic "still running" for long invocations (spec 07 §7)
+                began = time.monotonic()
+                while not finished.wait(interval):
+                    send({"status": "running",
+                          "detail": f"{tool.name} running for {time.monotonic() - began:.0f} s"})
+            heartbeat = threading.Thread(target=beat, name="manglecp-progress", daemon=True)
+            heartbeat.start()
         try:
             result = tool.invoke(dict(request.args),
                                  InvocationContext(cancel, progress, correlation_id, principal.identity))
@@ -887,6 +1238,10 @@ class ManglecpServer:
                                 {"correlation_id": correlation_id}) from None
         finally:
             session._unregister(request_id)
+            if heartbeat is not None:
+                with sink_lock:
+                    finished.set()
+                heartbeat.join()
         if cancel.is_set():
             raise ProtocolError("cancelled", "The invocation was cancelled.")
         duration_ms = int((self.clock.monotonic() - started) * 1000)
@@ -907,13 +1262,85 @@ class ManglecpServer:
                 raise ProtocolError("internal_error",
                                     f"{tool.name} returned an invalid result (correlation id {correlation_id}).",
                                     {"correlation_id": correlation_id})
+        payload = {"result": result, **self._outcome(tool, dict(request.args), result, bound, duration_ms,
+                                                     correlation_id)}
+        finished.set()
         sink(envelope("progress", request_id, {"status": "finalizing"}))
-        return envelope("invoke_response", request_id, {
-            "result": result,
-            "observability": {"summary": f"{tool.name} completed in {duration_ms} ms.",
-                              "duration_ms": duration_ms,
-                              "events": [{"action": tool.name, "status": "success",
-                                          "duration_ms": duration_ms}]}})
+        return envelope("invoke_response", request_id, payload)
+
+    def _outcome(self, tool: ToolDefinition, args: dict[str, Any], result: dict[str, Any],
+                 bound: BoundContext, duration_ms: int, correlation_id: str) -> dict[str, Any]:
+        """``state_delta``, ``observability`` and ``next`` of a successful invocation (spec 07
+        §3-5). The outcome is advisory: a faulty one is logged and dropped, never turned into an
+        error after the tool already ran."""
+        outcome = InvocationOutcome()
+        if tool.outcome is not None:
+            try:
+                outcome = tool.outcome(args, result, bound)
+            except Exception:
+                log.exception("outcome of %s failed (correlation id %s)", tool.name, correlation_id)
+        now = format_time(int(self.clock.time() * 1000))
+        source = {"source_type": "server", "source_id": f"{self.info.server_name}:{tool.name}",
+                  "asserted_at": now}
+        asserts = []
+        for item in outcome.asserts:
+            fact = self._delta_fact(item, tool.name)
+            if fact is None:
+                continue
+            given = item.get("source")
+            fact["source"] = {**source, **given} if isinstance(given, Mapping) else dict(source)
+            fact["category"] = item.get("category") or "session"
+            asserts.append(fact)
+        if len(asserts) > self.limits.max_delta_facts:
+            log.warning("%s asserted %d facts; keeping %d (max_delta_facts)", tool.name, len(asserts),
+                        self.limits.max_delta_facts)
+            asserts = asserts[:self.limits.max_delta_facts]
+        retracts = [r for r in (self._delta_pattern(item, tool.name) for item in outcome.retracts) if r]
+        out: dict[str, Any] = {}
+        if asserts or retracts:
+            out["state_delta"] = {"assert": asserts, "retract": retracts[:self.limits.max_delta_facts]}
+        events = [{"action": tool.name, "status": "success", "duration_ms": duration_ms},
+                  *(dict(e) for e in outcome.events)]
+        out["observability"] = {"summary": outcome.summary or f"{tool.name} completed in {duration_ms} ms.",
+                                "duration_ms": duration_ms,
+                                "events": events[:self.limits.max_observability_events]}
+        suggested = []
+        for item in outcome.suggested_intents:
+            name = item.get("name")
+            if name not in self._intent_names:
+                log.warning("%s suggested the unknown intent %r; dropped", tool.name, name)
+                continue
+            entry = {"name": name, "description": str(item.get("description") or name)}
+            if item.get("params"):
+                entry["params"] = dict(item["params"])
+            suggested.append(entry)
+        continuation = [f for f in (self._delta_fact(item, tool.name) for item in outcome.continuation_facts)
+                        if f is not None]
+        if suggested or continuation:
+            out["next"] = {"suggested_intents": suggested, "continuation_facts": continuation}
+        return out
+
+    def _delta_fact(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:
+        """A well-formed fact the profile declares, in wire form; None (logged) otherwise. A
+        temporal predicate without ``t`` gets ``{"at": <now>}``: it held when it was asserted."""
+        wire = {k: item[k] for k in ("pred", "args", "t") if k in item and item[k] is not None}
+        if wire.get("pred") in self._temporal and "t" not in wire:
+            wire["t"] = {"at": format_time(int(self.clock.time() * 1000))}
+        _, violations = validate_facts([wire], self.facts_profile)
+        if violations:
+            log.error("%s produced an invalid delta fact: %s", tool_name, violations[0]["message"])
+            return None
+        return dict(wire)
+
+    def _delta_pattern(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:
+        """A retract pattern (``None`` = wildcard) of a declared predicate with the right arity."""
+        pred, args = item.get("pred"), item.get("args")
+        declared = {p.predicate: p for p in self.facts_profile.predicates or ()}
+        schema = declared.get(pred) if isinstance(pred, str) else None
+        if schema is None or not isinstance(args, list) or len(args) != schema.arity:
+            log.error("%s produced an invalid retract pattern for %r", tool_name, pred)
+            return None
+        return {"pred": pred, "args": list(args)}
 
 
 def http_error_status(message: Mapping[str, Any]) -> int:

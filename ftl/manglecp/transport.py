@@ -358,7 +358,9 @@ class HttpTransport(Transport):
         timeout_s: per-request timeout, s.
         client: an `httpx.Client` to use (tests, custom TLS); one is created otherwise.
     Endpoint URIs come from the manifest (relative ones resolved against the manifest URL).
-    Progress is not available over HTTP; a cancel stops waiting and closes the connection.
+    Progress is not available over HTTP. A cancel sends the ``cancel`` message to the
+    manifest's ``x-http_cancel`` endpoint when the server has one, then closes the connection
+    (which a server that watches disconnects also takes as a cancel) and stops waiting.
     """
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout_s: float = 600.0,
@@ -449,12 +451,24 @@ class HttpTransport(Transport):
         while worker.is_alive():
             worker.join(_POLL_S)
             if cancel.is_set() and worker.is_alive():
+                self._send_cancel(str(message.get("id")))
                 client.close()
                 return _cancelled(str(message.get("id")))
         client.close()
         if "error" in box:
             raise box["error"]
         return box["reply"]
+
+    def _send_cancel(self, request_id: str) -> None:
+        """POST a ``cancel`` to the server's ``x-http_cancel`` endpoint, if any (best effort)."""
+        path = self.manifest().get("payload", {}).get("extensions", {}).get("x-http_cancel")
+        if not isinstance(path, str) or not path:
+            return
+        try:
+            self._client.post(urllib.parse.urljoin(self.manifest_url, path), content=encode(cancel_message(request_id)),
+                              headers={**self._headers, "Content-Type": "application/json"}, timeout=5.0)
+        except httpx.HTTPError as exc:
+            log.info("cancel of %s not delivered (%s)", request_id, type(exc).__name__)
 
     def close(self) -> None:
         if self._own_client:

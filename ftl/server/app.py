@@ -1,12 +1,16 @@
-"""Wiring of ftl's embedded MangleCP server: catalog + selection rules + configuration.
+"""Wiring of ftl's embedded MangleCP server: catalog + selection rules + skills + gates + configuration.
 
 `build_server` is what every surface uses: the runner in process (``InProcessTransport``), the
 ``ftl serve --stdio`` subprocess and ``ftl serve --http``. `connect` gives the runner a client
-for whichever server ``config.server`` names.
+for whichever server ``config.server`` names. A non-empty ``[gates]`` table puts
+``ftl.gate.Gatekeeper`` in front of every invocation of the embedded server; configured gates are
+never skipped silently (an unavailable gate module is a ``configuration_error``).
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
 import os
 import shlex
 import sys
@@ -19,8 +23,11 @@ from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.messages import PredicateSchema
 from ftl.manglecp.server import BearerAuth, Clock, ManglecpServer, ServerInfo, ServerLimits
 from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
-from ftl.server.catalog import TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities
+from ftl.server.catalog import (
+    DELTA_PREDICATES, SKILLS, TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities)
 from ftl.server.evaluator import RULES_DIR, ClingoEvaluator
+
+log = logging.getLogger("ftl.server.app")
 
 DOMAIN_RULES = (RULES_DIR / "ftl_domain.lp",)
 
@@ -68,7 +75,7 @@ PREDICATES = (
     _pred("campaign_state", ("string",), ("state",), "The campaign's current state."),
     _pred("framework", ("string",), ("name",), "The project's framework."),
     _pred("exclude_tool", ("string",), ("name",), "Never return this macro-tool (client restriction)."),
-)
+) + DELTA_PREDICATES
 
 
 def server_info(version: str | None = None) -> ServerInfo:
@@ -84,58 +91,107 @@ def server_info(version: str | None = None) -> ServerInfo:
         domain_description="ftl's campaign tools (explorers, planner, builders, verifier, observer, "
                            "cascade analysis) served as macro-tools.",
         categories=("workflow_orchestration", "codebase_analysis", "testing"),
-        intents=INTENTS, predicates=PREDICATES, conformance_level=1)
+        intents=INTENTS, predicates=PREDICATES, conformance_level=2, temporal=True)
+
+
+def load_gate(repo: Path, config: Config) -> Any:
+    """The gatekeeper for ``config.gates``, or None when the table is empty.
+
+    Raises:
+        FtlError(configuration_error): gates are configured but ``ftl.gate`` cannot be imported
+            (configured gates are never skipped); any error ``Gatekeeper.from_config`` raises
+            for a bad table passes through.
+    """
+    if not config.gates:
+        return None
+    try:
+        module = importlib.import_module("ftl.gate")
+        factory = module.Gatekeeper.from_config
+    except (ImportError, AttributeError) as exc:
+        raise FtlError("configuration_error", {
+            "problem": f"[gates] is configured but the gate module is unavailable ({type(exc).__name__})"}) from None
+    return factory(config.gates, repo=Path(repo).resolve())
+
+
+def _count_error_hook() -> Any:
+    """`ftl.metrics.count_error` as the server's ``on_error`` hook, when that module exists."""
+    try:
+        count_error = importlib.import_module("ftl.metrics").count_error
+    except (ImportError, AttributeError):
+        return None
+
+    def on_error(error_type: str, gate: str | None) -> None:
+        count_error(error_type, gate=gate)
+
+    return on_error
 
 
 def build_server(repo: Path, config: Config, *, isolation: str = "process",
                  limits: ServerLimits | None = None, auth: BearerAuth | None = None,
-                 clock: Clock | None = None, status: str = "ready") -> ManglecpServer:
+                 clock: Clock | None = None, status: str = "ready", gate: Any = None) -> ManglecpServer:
     """The embedded server for ``repo``.
 
     Args:
         repo: repository the tools work on.
         config: ftl configuration; ``agent_command`` / ``planner_command`` become the server
             facts ``configured("agent_builder")`` / ``configured("agent_planner")`` and the
-            server-bound ``command`` argument of those tools.
+            server-bound ``command`` argument of those tools; a non-empty ``gates`` table
+            becomes the server's gate (see `load_gate`).
         isolation: evaluator isolation, ``"process"`` (killable workers) or ``"thread"``.
         limits, auth, clock, status: see `ManglecpServer` (``status="booting"`` for a server
             that warms its evaluator first and then announces ``ready``).
+        gate: a gate object (``visible(name)``, ``check(call)``) to use instead of the one
+            ``config.gates`` describes.
     Returns:
-        a ready `ManglecpServer`; call ``close()`` to stop its evaluation workers.
+        a `ManglecpServer` advertising conformance level 2, whose errors are counted in
+        ``ftl.metrics`` (``ftl_errors_total``); call ``close()`` to stop its evaluation workers.
+    Raises:
+        FtlError(configuration_error): gates configured but unavailable (`load_gate`).
     """
     repo = Path(repo).resolve()
+    if gate is None:
+        gate = load_gate(repo, config)
     catalog, _unavailable = build_catalog(repo, config)
     facts = catalog_facts(TOOL_SPECS, catalog)
     facts += [("configured", [c]) for c in configured_capabilities(config)]
     evaluator = ClingoEvaluator(DOMAIN_RULES, facts, isolation=isolation)
     return ManglecpServer(server_info(), catalog, evaluator, limits=limits, auth=auth, clock=clock,
-                          status=status)
+                          status=status, skills={s.skill_id: s for s in SKILLS}, gate=gate,
+                          on_error=_count_error_hook())
 
 
 def connect(repo: Path, config: Config, *, server: str | None = None, in_process: bool = False,
-            token: str | None = None) -> ManglecpClient:
+            token: str | None = None, gate: Any = None) -> ManglecpClient:
     """A `ManglecpClient` for the server named by ``server`` (``config.server`` when None).
 
     Args:
         repo: repository the tools work on.
-        config: ftl configuration (passed whole to an embedded server).
+        config: ftl configuration (passed whole to an embedded server, ``gates`` included).
         server: ``None`` / ``"embedded"``: ftl's own server, as a ``python -m ftl.server.serve
             --stdio`` subprocess (or in this process when ``in_process``); ``"stdio:CMD"``:
             another stdio server (CMD split like a shell); ``http://...`` / ``https://...``: an
             HTTP server.
         in_process: run the embedded server in this process (tests, single-shot tools).
         token: bearer token for HTTP servers (default: env ``FTL_MANGLECP_TOKEN``).
+        gate: a gate object for an in-process embedded server (instead of ``config.gates``).
+    Gates: for the embedded server, ``config.gates`` is checked here (so a missing gate module
+    fails before a subprocess starts) and applied by that server. Another server applies its own
+    gates: a local ``[gates]`` table cannot reach it, which is logged as a warning.
     Raises:
-        FtlError(configuration_error): an unknown server spec; FtlError(network_error): the
-            server could not be started or reached.
+        FtlError(configuration_error): an unknown server spec, or gates configured but
+            unavailable; FtlError(network_error): the server could not be started or reached.
     """
     spec = server if server is not None else config.server
     if spec in (None, "", "embedded"):
         if in_process:
-            return ManglecpClient(InProcessTransport(build_server(repo, config), close_server=True))
+            return ManglecpClient(InProcessTransport(build_server(repo, config, gate=gate), close_server=True))
+        load_gate(repo, config)  # fail here, not inside the subprocess
         command = [sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(Path(repo).resolve()),
                    "--config-json", config.model_dump_json()]
         return ManglecpClient(StdioTransport(command))
+    if config.gates:
+        log.warning("the [gates] table applies to ftl's embedded server only; %s applies its own gates",
+                    spec.split("://")[0] if "://" in spec else "the stdio server")
     if spec.startswith("stdio:"):
         command = shlex.split(spec[len("stdio:"):])
         if not command:

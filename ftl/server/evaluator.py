@@ -3,15 +3,24 @@
 Rules live in ``ftl/server/rules/*.lp``: ``phase1_skeleton`` .. ``phase6_output`` are the
 stratified rewrite of the MangleCP six-phase pipeline (spec 01 §4.1, spec 10 §4.5; reference
 §10.3), and a domain file maps facts to ``mandatory_for_intent/2``, ``relevant_to_intent/3``,
-``prohibited/2``, ``requires_capability/2``, ``tool_requires/2``, ``conflicts_with/2`` and
-``prefers/2``. Facts (server base facts and client facts) enter as clingo symbols through the
-backend, never as program text (reference §10.2), into a fresh ``clingo.Control`` per request.
+``prohibited/2``, ``requires_capability/2``, ``tool_requires/2``, ``conflicts_with/2``,
+``prefers/2``, ``needs_skill/2`` and ``context_resource/3``. Facts (server base facts and client
+facts) enter as clingo symbols through the backend, never as program text (reference §10.2), into
+a fresh ``clingo.Control`` per request.
 
 Limits (spec 05 §3.3): the gas limit counts derived atoms after grounding
 (``derivation_limit_exceeded`` with ``details.budget``); the time limit runs each evaluation in
 a killable worker process (``evaluation_timeout``); a worker that exceeds its memory cap counts as
 a gas overrun. A program that grounding alone cannot decide (not stratified for this input) is
 ``evaluation_failed``; one model is never picked among several.
+
+Explanations (proof hints, spec 09 §5; rule coverage, spec 09 §6): when a request asks for them,
+it runs on an instrumented copy of the rules in which every rule ``H :- B`` also derives
+``_manglecp_why(H, RuleNo, (B1, ..., Bn))`` from the same body (B1..Bn: its positive atoms). The
+derivation tree of each selected tool, the client facts it rests on, the facts no rule used and
+which rules fired all come from those atoms. The reserved ``_manglecp_`` prefix keeps them apart
+from anything a client can send; they never count as gas. Only predicate names leave the
+evaluator, never rule text, and names on the ``hidden_predicates`` deny-list are left out.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import clingo
 import clingo.ast
+from clingo.ast import ASTType, Sign
 from multiprocessing.connection import Connection
 
 from ftl.manglecp.messages import ProtocolError
@@ -39,11 +49,12 @@ RULES_DIR = Path(__file__).with_name("rules")
 PHASE_RULES: tuple[Path, ...] = tuple(sorted(RULES_DIR.glob("phase*.lp")))
 INT32_MIN, INT32_MAX = -(2**31) + 1, 2**31 - 1  # sentinels for unbounded interval ends
 PHASE_ORDER = {"skeleton": 0, "flesh": 1, "dependency": 2}
-RULE_CHAINS = {
-    "skeleton": ("mandatory_for_intent", "cand", "score", "kept", "final"),
-    "flesh": ("relevant_to_intent", "cand", "score", "kept", "final"),
-    "dependency": ("tool_requires", "needs", "added", "final"),
-}
+RESERVED = "_manglecp_"
+WHY = RESERVED + "why"
+HIDDEN_TOOL = RESERVED + "hidden"  # tools a gate hides: injected per request, excluded in phase 2
+# Policy predicates never named in proof hints or rule coverage (reference §7.4).
+DEFAULT_HIDDEN_PREDICATES = frozenset({"prohibited", "requires_capability", "server_has_capability",
+                                       "configured"})
 _POLL_S = 0.02
 
 
@@ -96,27 +107,141 @@ def fact_symbol(pred: str, args: Sequence[Any], t: tuple[Any, Any] | None, eval_
 
 
 # ---------------------------------------------------------------------------------------------
+# Instrumentation for explanations
+
+
+@dataclass(frozen=True)
+class RuleInfo:
+    """What rule coverage may say about one rule: names only, never its text.
+
+    Attributes:
+        name: ``<head predicate>#<n>`` (n-th rule with that head, in load order).
+        head: head predicate name.
+        positive, negative: predicate names of the positive / negated body atoms.
+        intents: intent names the body requires through ``intent("<name>")``.
+        hidden: the rule involves a deny-listed or reserved predicate (counted, never detailed).
+    """
+
+    name: str
+    head: str
+    positive: tuple[str, ...]
+    negative: tuple[str, ...]
+    intents: frozenset[str]
+    hidden: bool
+
+
+class _Anonymous(clingo.ast.Transformer):
+    """Names the anonymous variables of one positive atom, so it can appear in a rule head."""
+
+    def __init__(self, start: int) -> None:
+        self.count = start
+
+    def visit_Variable(self, node: Any) -> Any:
+        if node.name != "_":
+            return node
+        self.count += 1
+        return clingo.ast.Variable(node.location, f"ManglecpAnon{self.count}")
+
+
+def _intent_constants(atom: Any) -> set[str]:
+    symbol = atom.symbol
+    if symbol.ast_type != ASTType.Function or symbol.name != "intent" or len(symbol.arguments) != 1:
+        return set()
+    arg = symbol.arguments[0]
+    if arg.ast_type == ASTType.SymbolicTerm and arg.symbol.type == clingo.SymbolType.String:
+        return {arg.symbol.string}
+    return set()
+
+
+def _atom_name(atom: Any) -> str | None:
+    symbol = atom.symbol
+    return symbol.name if symbol.ast_type == ASTType.Function else None
+
+
+def instrument(statements: Sequence[Any], hidden_predicates: Iterable[str] = ()
+               ) -> tuple[list[Any], list[RuleInfo]]:
+    """Add a ``_manglecp_why(Head, RuleNo, (PositiveBodyAtoms...))`` rule beside every normal
+    rule with a body (facts and non-atomic heads are left alone).
+
+    Returns:
+        (statements plus their instrumented copies, one `RuleInfo` per instrumented rule, in
+        RuleNo order).
+    """
+    hidden = set(hidden_predicates)
+    out: list[Any] = []
+    infos: list[RuleInfo] = []
+    per_head: dict[str, int] = {}
+    for statement in statements:
+        out.append(statement)
+        if statement.ast_type != ASTType.Rule or not statement.body:
+            continue
+        head = statement.head
+        if (head.ast_type != ASTType.Literal or head.sign != Sign.NoSign
+                or head.atom.ast_type != ASTType.SymbolicAtom or _atom_name(head.atom) is None):
+            continue
+        body, support, positive, negative, intents = [], [], [], [], set()
+        anonymous = 0
+        for literal in statement.body:
+            if literal.ast_type == ASTType.Literal and literal.atom.ast_type == ASTType.SymbolicAtom:
+                name = _atom_name(literal.atom)
+                if literal.sign == Sign.NoSign:
+                    renamer = _Anonymous(anonymous)
+                    literal = renamer(literal)
+                    anonymous = renamer.count
+                    support.append(literal.atom.symbol)
+                    if name:
+                        positive.append(name)
+                    intents |= _intent_constants(literal.atom)
+                elif name:
+                    negative.append(name)
+            body.append(literal)
+        head_name = _atom_name(head.atom) or ""
+        per_head[head_name] = per_head.get(head_name, 0) + 1
+        number = len(infos)
+        names = {head_name, *positive, *negative}
+        infos.append(RuleInfo(f"{head_name}#{per_head[head_name]}", head_name, tuple(positive),
+                              tuple(negative), frozenset(intents),
+                              bool(hidden & names) or any(n.startswith(RESERVED) for n in names)))
+        location = statement.location
+        why = clingo.ast.Function(location, WHY, [
+            head.atom.symbol, clingo.ast.SymbolicTerm(location, clingo.Number(number)),
+            clingo.ast.Function(location, "", support, 0)], 0)
+        out.append(clingo.ast.Rule(location, clingo.ast.Literal(location, Sign.NoSign,
+                                                                clingo.ast.SymbolicAtom(why)), body))
+    return out, infos
+
+
+# ---------------------------------------------------------------------------------------------
 # The program: parsed once, grounded per request
 
 
 class _Program:
     """Rule text parsed once plus the server base facts; `run` evaluates one request."""
 
-    def __init__(self, rule_texts: Sequence[str], server_facts: Sequence[tuple[str, list[Any]]]) -> None:
+    def __init__(self, rule_texts: Sequence[str], server_facts: Sequence[tuple[str, list[Any]]],
+                 hidden_predicates: Iterable[str] = DEFAULT_HIDDEN_PREDICATES) -> None:
         self.statements: list[Any] = []
         for text in rule_texts:
             clingo.ast.parse_string(text, self.statements.append)
+        self.hidden_predicates = frozenset(hidden_predicates)
+        self.explained, self.rules = instrument(self.statements, self.hidden_predicates)
         self.server_facts = [fact_symbol(pred, args, None, 0) for pred, args in server_facts]
-        # The closure of the rules over server facts alone is server base, not this request's work.
-        models = self._models(self._ground(self.server_facts))
-        if len(models) != 1:
-            raise RuntimeError("the rules have no unique model over the server facts alone")
-        self.static = frozenset(models[0])
+        self._static: dict[bool, frozenset[clingo.Symbol]] = {}
+        self.static(False)  # fails fast when the rules do not load
 
-    def _ground(self, symbols: Iterable[clingo.Symbol]) -> clingo.Control:
+    def static(self, explain: bool) -> frozenset[clingo.Symbol]:
+        """The closure of the rules over the server facts alone: server base, not a request's work."""
+        if explain not in self._static:
+            models = self._models(self._ground(self.server_facts, explain))
+            if len(models) != 1:
+                raise RuntimeError("the rules have no unique model over the server facts alone")
+            self._static[explain] = frozenset(models[0])
+        return self._static[explain]
+
+    def _ground(self, symbols: Iterable[clingo.Symbol], explain: bool) -> clingo.Control:
         control = clingo.Control(["--warn=none"])
         with clingo.ast.ProgramBuilder(control) as builder:
-            for statement in self.statements:
+            for statement in (self.explained if explain else self.statements):
                 builder.add(statement)
         with control.backend() as backend:
             for symbol in symbols:
@@ -134,35 +259,57 @@ class _Program:
         return models
 
     def run(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Evaluate ``request`` (plain data, picklable). Returns ``{"ok": {...}}`` or ``{"error": {...}}``."""
+        """Evaluate ``request`` (plain data, picklable). Returns ``{"ok": {...}}`` or ``{"error": {...}}``.
+
+        ``request``: intent, params, facts ``[(pred, args, t)]``, eval_time_ms,
+        max_facts_created, and optionally hidden (tool names), explain, coverage (bools).
+        """
         eval_time_ms = request["eval_time_ms"]
+        explain = bool(request.get("explain") or request.get("coverage"))
         injected = [clingo.Function("intent", [clingo.String(request["intent"])])]
         for key in sorted(request["params"]):
             value = request["params"][key]
             if isinstance(value, (str, int, float, bool)):
                 injected.append(clingo.Function("intent_param", [clingo.String(key), to_symbol(value)]))
-        for pred, args, t in request["facts"]:
-            injected.append(fact_symbol(pred, args, t, eval_time_ms))
+        client: dict[clingo.Symbol, int] = {}
+        for index, (pred, args, t) in enumerate(request["facts"]):
+            symbol = fact_symbol(pred, args, t, eval_time_ms)
+            client.setdefault(symbol, index)
+            injected.append(symbol)
+        injected += [clingo.Function(HIDDEN_TOOL, [clingo.String(name)])
+                     for name in sorted(request.get("hidden", ()))]
         injected.extend(self.server_facts)
         injected_set = set(injected)
-        models = self._models(self._ground(injected))
+        static = self.static(explain)
+        models = self._models(self._ground(injected, explain))
         if len(models) != 1:
             return {"error": {"code": "evaluation_failed",
                               "message": "The selection rules have no unique result for these facts "
                                          "(not stratified, or contradictory).",
                               "details": {"models": "none" if not models else "several"}}}
+        model = models[0]
         derived = 0
         final: dict[str, int] = {}
         phases: dict[str, set[str]] = {}
+        skills: dict[str, set[str]] = {}
+        resources: dict[str, dict[str, int]] = {}
         excluded: set[tuple[str, str, str]] = set()
-        for symbol in models[0]:
-            if symbol not in injected_set and symbol not in self.static:
-                derived += 1
+        for symbol in model:
             name, args = symbol.name, symbol.arguments
+            if name.startswith(RESERVED):
+                continue
+            if symbol not in injected_set and symbol not in static:
+                derived += 1
             if name == "final" and len(args) == 2:
                 final[_text(args[0])] = args[1].number
             elif name == "final_phase" and len(args) == 2:
                 phases.setdefault(_text(args[0]), set()).add(_text(args[1]))
+            elif name == "final_skill" and len(args) == 2:
+                skills.setdefault(_text(args[0]), set()).add(_text(args[1]))
+            elif name == "final_resource" and len(args) == 3 and args[2].type == clingo.SymbolType.Number:
+                by_uri = resources.setdefault(_text(args[0]), {})
+                uri = _text(args[1])
+                by_uri[uri] = max(by_uri.get(uri, 0), max(0, min(100, args[2].number)))
             elif name == "excluded_report" and len(args) == 3:
                 excluded.add((_text(args[0]), _text(args[1]), _text(args[2])))
         limit = request["max_facts_created"]
@@ -177,14 +324,133 @@ class _Program:
         selections = []
         for tool in sorted(final):
             phase = min(phases.get(tool, {"flesh"}), key=lambda p: PHASE_ORDER.get(p, 9))
-            selections.append((tool, final[tool], phase))
-        return {"ok": {"selections": selections, "excluded": sorted(excluded),
-                       "facts_evaluated": len(injected_set) + len(self.static),
-                       "facts_derived": derived}}
+            selections.append((tool, final[tool], phase, sorted(skills.get(tool, ())),
+                               sorted(resources.get(tool, {}).items(), key=lambda r: (-r[1], r[0]))))
+        ok: dict[str, Any] = {"selections": selections, "excluded": sorted(excluded),
+                              "facts_evaluated": len(injected_set) + len(static - injected_set),
+                              "facts_derived": derived}
+        if explain:
+            why = _Explanation(model, client, self.hidden_predicates)
+            if request.get("explain"):
+                ok["explain"] = {"derivations": {tool: why.derivation(clingo.Function(
+                                     "final", [clingo.String(tool), clingo.Number(final[tool])]))
+                                                 for tool in sorted(final)},
+                                 "unmatched": why.unmatched()}
+            ok["rules_fired"] = why.activations
+            if request.get("coverage"):
+                ok["coverage"] = why.coverage(self.rules, request["intent"])
+        return {"ok": ok}
 
 
 def _text(symbol: clingo.Symbol) -> str:
     return symbol.string if symbol.type == clingo.SymbolType.String else str(symbol)
+
+
+class _Explanation:
+    """Derivation trees read from the ``_manglecp_why`` atoms of one model.
+
+    Each derived atom gets a rank (1 + the highest rank among the supports of its cheapest
+    derivation; atoms with no derivation are leaves of rank 0), so the chosen derivation of every
+    atom is well-founded even under positive recursion; ties go to the lower rule number.
+    """
+
+    def __init__(self, model: Sequence[clingo.Symbol], client: Mapping[clingo.Symbol, int],
+                 hidden: frozenset[str]) -> None:
+        self.client = client
+        self.hidden = hidden
+        self.derivations: dict[clingo.Symbol, list[tuple[int, tuple[clingo.Symbol, ...]]]] = {}
+        self.fired: set[int] = set()
+        self.present: set[str] = set()
+        used: set[clingo.Symbol] = set()
+        for symbol in model:
+            if symbol.name != WHY:
+                if not symbol.name.startswith(RESERVED):
+                    self.present.add(symbol.name)
+                continue
+            head, number, support = symbol.arguments
+            body = tuple(support.arguments)
+            self.derivations.setdefault(head, []).append((number.number, body))
+            self.fired.add(number.number)
+            used.update(body)
+        self.activations = sum(len(v) for v in self.derivations.values())
+        self.used_client = {client[s] for s in used if s in client}
+        for options in self.derivations.values():
+            options.sort(key=lambda d: (d[0], str(d[1])))
+        self.rank = self._ranks()
+
+    def _rank_of(self, symbol: clingo.Symbol, rank: Mapping[clingo.Symbol, int]) -> int:
+        if symbol not in self.derivations:
+            return 0  # a leaf: injected or a fact of the rule files
+        return rank.get(symbol, len(self.derivations) + 2)
+
+    def _cost(self, body: Sequence[clingo.Symbol], rank: Mapping[clingo.Symbol, int]) -> int:
+        return 1 + max((self._rank_of(s, rank) for s in body), default=0)
+
+    def _ranks(self) -> dict[clingo.Symbol, int]:
+        rank: dict[clingo.Symbol, int] = {}
+        changed = True
+        while changed:  # Bellman-Ford style: at most (longest derivation) rounds
+            changed = False
+            for head, options in self.derivations.items():
+                best = min(self._cost(body, rank) for _, body in options)
+                if best < self._rank_of(head, rank):
+                    rank[head] = best
+                    changed = True
+        return rank
+
+    def derivation(self, root: clingo.Symbol) -> dict[str, Any]:
+        """``{"support": [client fact indexes], "chain": [predicate names, leaves first]}``
+        for the well-founded derivation tree of ``root``."""
+        support: set[int] = set()
+        names: dict[str, int] = {}
+        seen: set[clingo.Symbol] = set()
+        stack = [root]
+        while stack:
+            atom = stack.pop()
+            if atom in seen:
+                continue
+            seen.add(atom)
+            rank = self._rank_of(atom, self.rank)
+            if not atom.name.startswith(RESERVED) and atom.name not in self.hidden:
+                names[atom.name] = min(names.get(atom.name, rank), rank)
+            options = self.derivations.get(atom)
+            if not options:
+                if atom in self.client:
+                    support.add(self.client[atom])
+                continue
+            _, body = min(options, key=lambda d: (self._cost(d[1], self.rank), d[0]))
+            stack.extend(body)
+        chain = [name for name, _ in sorted(names.items(), key=lambda item: (item[1], item[0]))]
+        return {"support": sorted(support), "chain": chain}
+
+    def unmatched(self) -> list[int]:
+        """Indexes of client facts no fired rule used as a positive premise."""
+        return sorted(set(self.client.values()) - self.used_client)
+
+    def coverage(self, rules: Sequence[RuleInfo], intent: str) -> dict[str, Any]:
+        """Rule coverage (spec 09 §6): fired + dormant + inapplicable == total.
+
+        A rule is ``inapplicable`` when its body names another intent; a dormant rule is
+        ``dead`` when none of its positive premises has an atom, else ``partially_alive``.
+        Rules touching deny-listed predicates are counted but not detailed.
+        """
+        fired = dormant = inapplicable = 0
+        details = []
+        for number, rule in enumerate(rules):
+            if number in self.fired:
+                fired += 1
+                continue
+            if rule.intents and intent not in rule.intents:
+                inapplicable += 1
+                continue
+            dormant += 1
+            if rule.hidden:
+                continue
+            missing = sorted({p for p in rule.positive if p not in self.present})
+            status = "dead" if rule.positive and len(missing) == len(set(rule.positive)) else "partially_alive"
+            details.append({"rule": rule.name, "missing_predicates": missing, "status": status})
+        return {"total_rules": len(rules), "rules_fired": fired, "rules_dormant": dormant,
+                "rules_inapplicable": inapplicable, "dormant_details": details}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,7 +474,7 @@ def _worker_main(read_fd: int, write_fd: int) -> None:
         except (ImportError, ValueError, OSError):
             pass
     try:
-        program = _Program(setup["rule_texts"], setup["server_facts"])
+        program = _Program(setup["rule_texts"], setup["server_facts"], setup["hidden_predicates"])
     except Exception as exc:  # reported to the parent, which logs it
         conn_out.send({"fatal": f"{type(exc).__name__}: {exc}"})
         return
@@ -270,6 +536,7 @@ class ClingoEvaluator:
             interrupted), so use it only with trusted, terminating rules.
         workers: maximum concurrent worker processes.
         memory_limit_bytes: address-space cap per worker (RLIMIT_AS), or None.
+        hidden_predicates: policy predicates never named in proof hints or rule coverage.
     Raises:
         ProtocolError(evaluation_failed): the rules do not parse or ground (at construction for
             ``thread``, at the first evaluation for ``process``).
@@ -277,7 +544,8 @@ class ClingoEvaluator:
 
     def __init__(self, domain_rules: Sequence[Path], server_facts: Sequence[tuple[str, Sequence[Any]]] = (),
                  *, phase_rules: Sequence[Path] = PHASE_RULES, isolation: str = "process",
-                 workers: int = 2, memory_limit_bytes: int | None = 2 * 1024**3) -> None:
+                 workers: int = 2, memory_limit_bytes: int | None = 2 * 1024**3,
+                 hidden_predicates: Iterable[str] = DEFAULT_HIDDEN_PREDICATES) -> None:
         if isolation not in ("process", "thread"):
             raise ValueError("isolation must be 'process' or 'thread'")
         self.rule_texts = [Path(p).read_text(encoding="utf-8") for p in (*phase_rules, *domain_rules)]
@@ -285,6 +553,7 @@ class ClingoEvaluator:
         self.isolation = isolation
         self.workers = max(1, workers)
         self.memory_limit_bytes = memory_limit_bytes
+        self.hidden_predicates = sorted(set(hidden_predicates))
         self._idle: list[_Worker] = []
         self._count = 0
         self._cond = threading.Condition()
@@ -292,7 +561,7 @@ class ClingoEvaluator:
         self._program: _Program | None = None
         if isolation == "thread":
             try:
-                self._program = _Program(self.rule_texts, self.server_facts)
+                self._program = _Program(self.rule_texts, self.server_facts, self.hidden_predicates)
             except RuntimeError as exc:
                 raise ProtocolError("evaluation_failed", "The selection rules do not load.",
                                     {"problem": str(exc)[:200]}) from None
@@ -309,7 +578,9 @@ class ClingoEvaluator:
         plain = {"intent": request.intent, "params": dict(request.params),
                  "facts": [(f.pred, list(f.args), f.t) for f in request.facts],
                  "eval_time_ms": request.eval_time_ms,
-                 "max_facts_created": request.max_facts_created}
+                 "max_facts_created": request.max_facts_created,
+                 "hidden": sorted(request.hidden_tools), "explain": request.explain,
+                 "coverage": request.rule_coverage}
         timeout_s = None if request.max_compute_ms is None else request.max_compute_ms / 1000
         if self.isolation == "thread":
             answer = self._run_thread(plain, timeout_s, request.cancel, request.max_compute_ms)
@@ -326,11 +597,21 @@ class ClingoEvaluator:
             error = answer["error"]
             raise ProtocolError(error["code"], error["message"], error.get("details"))
         ok = answer["ok"]
+        facts = request.facts
+        explained = ok.get("explain") or {}
+        derivations = explained.get("derivations", {})
+        selections = []
+        for tool, score, phase, skills, resources in ok["selections"]:
+            why = derivations.get(tool, {})
+            selections.append(Selection(
+                tool, score, phase, tuple(why.get("chain", ())), tuple(skills),
+                tuple((uri, priority) for uri, priority in resources),
+                tuple(facts[i] for i in why.get("support", ()))))
         return EvaluationResult(
-            selections=tuple(Selection(tool, score, phase, RULE_CHAINS.get(phase, ()))
-                             for tool, score, phase in ok["selections"]),
-            excluded=tuple(tuple(e) for e in ok["excluded"]),
-            facts_evaluated=ok["facts_evaluated"], facts_derived=ok["facts_derived"])
+            selections=tuple(selections), excluded=tuple(tuple(e) for e in ok["excluded"]),
+            facts_evaluated=ok["facts_evaluated"], facts_derived=ok["facts_derived"],
+            unmatched=tuple(facts[i] for i in explained.get("unmatched", ())),
+            rules_fired=ok.get("rules_fired"), rule_coverage=ok.get("coverage"))
 
     def close(self) -> None:
         """Stop every worker process."""
@@ -382,7 +663,8 @@ class ClingoEvaluator:
                          Connection(from_child_r, writable=False))
         try:
             worker.send_conn.send({"rule_texts": self.rule_texts, "server_facts": self.server_facts,
-                                   "memory_limit_bytes": self.memory_limit_bytes})
+                                   "memory_limit_bytes": self.memory_limit_bytes,
+                                   "hidden_predicates": self.hidden_predicates})
             hello = worker.recv_conn.recv() if worker.recv_conn.poll(60) else {"fatal": "no answer"}
         except (EOFError, OSError):
             hello = {"fatal": "worker exited while starting"}

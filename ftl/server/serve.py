@@ -8,18 +8,27 @@ the stream), exit on stdin EOF after cancelling running invocations.
 
 HTTP (spec 02 §4.2): ``GET /.well-known/manglecp/manifest.json``, ``POST /manglecp/evaluate`` and
 ``/manglecp/invoke`` (also ``/evaluate`` and ``/invoke``), the spec 09 status code per error,
-bearer auth with ``--token-env``, CORS ``*`` only when auth is off.
+bearer auth with ``--token-env``, CORS ``*`` only when auth is off. Cancelling over HTTP: a
+client that closes its connection cancels its request (the server polls for the disconnect and
+signals the invocation, whose tools stop their subprocesses); ``POST /manglecp/cancel`` with a
+``cancel`` message does the same for a request sent with the same credentials (``x-http_cancel``
+in the HTTP manifest's extensions). Also ``GET /manglecp/skills/{skill_id}`` (the full text of a
+referenced skill, ``x-skills``) and ``GET /metrics`` (Prometheus exposition from `ftl.metrics`);
+both need the bearer token when auth is on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
+import importlib
 import json
 import logging
 import os
 import sys
 import threading
+from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO, Sequence
@@ -29,7 +38,7 @@ import click
 from ftl.errors import FtlError
 from ftl.manglecp.messages import ProtocolError, encode, make_error, parse_message
 from ftl.manglecp.server import (
-    BearerAuth, ManglecpServer, Principal, Session, http_error_status)
+    BearerAuth, ManglecpServer, Principal, ServerLimits, Session, http_error_status)
 
 log = logging.getLogger("ftl.server.serve")
 
@@ -138,11 +147,20 @@ def _protocol_stdout():
 # HTTP
 
 
-def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = ()) -> Any:
-    """The Starlette app serving ``server`` over HTTP.
+CANCEL_PATH = "/manglecp/cancel"
+SKILLS_PATH = "/manglecp/skills/"
 
-    CORS: with auth off, any origin (``*``); with auth on, only ``cors_origins`` (never ``*``,
-    spec 08 §5).
+
+def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
+               disconnect_poll_s: float = 0.1) -> Any:
+    """The Starlette app serving ``server`` over HTTP (module doc lists the routes).
+
+    Args:
+        server: the MangleCP server.
+        cors_origins: allowed browser origins when auth is on (never ``*``, spec 08 §5); with
+            auth off, any origin.
+        disconnect_poll_s: how often a running request checks that its client is still
+            connected, s.
     """
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
@@ -152,46 +170,132 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = ()) -> A
     from starlette.responses import Response
     from starlette.routing import Route
 
+    running: dict[tuple[str, str], Session] = {}
+    running_lock = threading.Lock()
+
     def reply(message: dict[str, Any], status: int | None = None, headers: dict | None = None) -> Response:
         return Response(encode(message), status_code=status or http_error_status(message),
                         media_type="application/json", headers=headers)
 
+    def credentials_of(request: Request) -> str | None:
+        authorization = request.headers.get("authorization")
+        if authorization is None:
+            return None
+        scheme, _, token = authorization.partition(" ")
+        return token.strip() if scheme.lower() == "bearer" else ""
+
+    def auth_error(request: Request) -> Response | None:
+        """Bearer check for the routes that carry no MangleCP message."""
+        if server.auth is None:
+            return None
+        credentials = credentials_of(request)
+        if credentials is None:
+            return reply(make_error("auth_required", "Authentication is required: send a bearer token."))
+        if server.auth.verify(credentials) is None:
+            return reply(make_error("auth_invalid", "The credentials are invalid or expired."))
+        return None
+
     async def manifest(request: Request) -> Response:
-        body = encode(server.manifest())
+        message = server.manifest()
+        message["payload"]["extensions"] = {**message["payload"].get("extensions", {}),
+                                            "x-http_cancel": CANCEL_PATH, "x-skills": SKILLS_PATH}
+        body = encode(message)
         etag = '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag, "Cache-Control": "no-cache"})
         return Response(body, media_type="application/json",
                         headers={"ETag": etag, "Cache-Control": "no-cache"})
 
+    async def read_message(request: Request, expected: str) -> Any:
+        """The parsed envelope of the POST body, or the error `Response` to send."""
+        limit = server.limits.max_message_bytes
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > limit:
+            return reply(make_error("message_too_large", f"The message is larger than {limit} bytes.",
+                                    {"limit_bytes": limit, "size_bytes": int(declared)}))
+        media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+        if media not in ("application/json", "application/manglecp+json"):
+            return reply(make_error("malformed_message", "Send the message as application/json.",
+                                    {"violations": [{"path": "/", "message": f"content type {media!r}"}]}))
+        body = await request.body()
+        try:
+            env = parse_message(body, max_bytes=limit)
+        except ProtocolError as exc:
+            return reply(exc.envelope())
+        if env.type != expected:
+            return reply(make_error("invalid_type", f"This endpoint takes {expected} messages.",
+                                    {"type": env.type, "accepted_types": [expected]}, id=env.id or None))
+        return env
+
     def endpoint(expected: str):
         async def handle(request: Request) -> Response:
-            limit = server.limits.max_message_bytes
-            declared = request.headers.get("content-length")
-            if declared and declared.isdigit() and int(declared) > limit:
-                return reply(make_error("message_too_large", f"The message is larger than {limit} bytes.",
-                                        {"limit_bytes": limit, "size_bytes": int(declared)}))
-            media = request.headers.get("content-type", "").split(";")[0].strip().lower()
-            if media not in ("application/json", "application/manglecp+json"):
-                return reply(make_error("malformed_message", "Send the message as application/json.",
-                                        {"violations": [{"path": "/", "message": f"content type {media!r}"}]}))
-            body = await request.body()
-            try:
-                env = parse_message(body, max_bytes=limit)
-            except ProtocolError as exc:
-                return reply(exc.envelope())
-            if env.type != expected:
-                return reply(make_error("invalid_type", f"This endpoint takes {expected} messages.",
-                                        {"type": env.type, "accepted_types": [expected]}, id=env.id or None))
-            authorization = request.headers.get("authorization")
-            credentials = None
-            if authorization is not None:
-                scheme, _, token = authorization.partition(" ")
-                credentials = token.strip() if scheme.lower() == "bearer" else ""
+            env = await read_message(request, expected)
+            if isinstance(env, Response):
+                return env
+            credentials = credentials_of(request)
             session = Session(credentials=credentials)
-            replies = await run_in_threadpool(server.handle, env.model_dump(), session=session)
+            key = (credentials or "", env.id or "")
+            with running_lock:
+                running.setdefault(key, session)
+            task = asyncio.ensure_future(run_in_threadpool(server.handle, env.model_dump(), session=session))
+            disconnected = False
+            try:
+                while True:
+                    done, _ = await asyncio.wait({task}, timeout=disconnect_poll_s)
+                    if done:
+                        break
+                    if disconnected or await request.is_disconnected():
+                        if not disconnected:
+                            log.info("client of %s %s disconnected; cancelling it", env.type, env.id)
+                        disconnected = True
+                        session.cancel_all()  # repeated: the request may register its flag late
+                replies = task.result()
+            finally:
+                with running_lock:
+                    if running.get(key) is session:
+                        del running[key]
             return reply(replies[-1])  # HTTP carries no progress (spec 07 §7)
         return handle
+
+    async def cancel(request: Request) -> Response:
+        env = await read_message(request, "cancel")
+        if isinstance(env, Response):
+            return env
+        credentials = credentials_of(request)
+        problems = server.handle(env.model_dump(), session=Session(credentials=credentials))
+        if problems:  # auth or payload errors; a valid cancel has no reply
+            return reply(problems[-1])
+        target = str(env.payload.get("request_id"))
+        with running_lock:
+            session = running.get((credentials or "", target))
+        if session is not None:
+            session.cancel_all()
+        return Response(status_code=204)
+
+    async def skill(request: Request) -> Response:
+        denied = auth_error(request)
+        if denied is not None:
+            return denied
+        found = server.skills.get(request.path_params["skill_id"])
+        if found is None:
+            return Response(json.dumps({"error": "no such skill"}), status_code=404,
+                            media_type="application/json")
+        return Response(json.dumps({"skill_id": found.skill_id, "name": found.name,
+                                    "description": found.description, "content": found.content,
+                                    "content_type": found.content_type}, ensure_ascii=False),
+                        media_type="application/json")
+
+    async def metrics(request: Request) -> Response:
+        denied = auth_error(request)
+        if denied is not None:
+            return denied
+        try:
+            render = importlib.import_module("ftl.metrics").render
+        except (ImportError, AttributeError):
+            return Response("metrics are not available in this installation\n", status_code=404,
+                            media_type="text/plain")
+        body, content_type = await run_in_threadpool(render)
+        return Response(body, media_type=content_type)
 
     middleware = []
     origins = list(cors_origins) if server.auth is not None else ["*"]
@@ -206,7 +310,10 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = ()) -> A
         server.set_status("draining")
         await run_in_threadpool(server.close)
 
-    routes = [Route("/.well-known/manglecp/manifest.json", manifest, methods=["GET"])]
+    routes = [Route("/.well-known/manglecp/manifest.json", manifest, methods=["GET"]),
+              Route(CANCEL_PATH, cancel, methods=["POST"]),
+              Route(SKILLS_PATH + "{skill_id}", skill, methods=["GET"]),
+              Route("/metrics", metrics, methods=["GET"])]
     for prefix in ("/manglecp", ""):
         routes.append(Route(f"{prefix}/evaluate", endpoint("intent_request"), methods=["POST"]))
         routes.append(Route(f"{prefix}/invoke", endpoint("invoke_request"), methods=["POST"]))
@@ -237,17 +344,20 @@ def _host_port(value: str) -> tuple[str, int]:
               help="Require `Authorization: Bearer <token>`, the token read from env var NAME.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allowed browser origin when auth is on (repeatable; '*' is refused).")
+@click.option("--rule-coverage", is_flag=True,
+              help="Dev mode: answer `options[\"x-rule_coverage\"]` with diagnostics.rule_coverage.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="warning", show_default=True, help="Log level (logs go to stderr).")
 def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path | None,
           config_json: str | None, token_env: str | None, cors_origins: tuple[str, ...],
-          log_level: str) -> None:
+          rule_coverage: bool, log_level: str) -> None:
     """Run ftl's embedded MangleCP server (protocol 2026-02-draft).
 
     stdio: prints the manifest as the first stdout line, then one JSON reply per line; logs go to
     stderr; exits 0 on stdin EOF. HTTP: serves the well-known manifest and the evaluate/invoke
     endpoints until SIGINT/SIGTERM, then finishes in-flight requests and exits (uvicorn
-    re-raises the signal). Exit code 2: bad usage or configuration.
+    re-raises the signal). Exit code 2: bad usage or configuration (including a [gates] table
+    whose gate module is unavailable).
     """
     from pydantic import ValidationError
 
@@ -271,7 +381,12 @@ def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path 
         raise click.UsageError(exc.message) from None
     except ValidationError as exc:
         raise click.UsageError(f"--config-json: {exc.error_count()} invalid field(s)") from None
-    server = build_server(repo, config, auth=auth, status="booting" if not http_addr else "ready")
+    limits = replace(ServerLimits(), rule_coverage=True) if rule_coverage else None
+    try:
+        server = build_server(repo, config, auth=auth, limits=limits,
+                              status="booting" if not http_addr else "ready")
+    except FtlError as exc:
+        raise click.UsageError(exc.message) from None
     if http_addr:
         import uvicorn
         host, port = _host_port(http_addr)

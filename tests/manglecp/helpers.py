@@ -8,13 +8,16 @@ from typing import Any, Callable
 from ftl.errors import FtlError
 from ftl.manglecp.messages import PredicateSchema, envelope
 from ftl.manglecp.server import (
-    BearerAuth, InvocationContext, ManglecpServer, ServerInfo, ServerLimits, ToolDefinition)
+    BearerAuth, BoundContext, InvocationContext, InvocationOutcome, ManglecpServer, ServerInfo, ServerLimits,
+    Skill, ToolDefinition)
 from ftl.server.evaluator import ClingoEvaluator
 
 FIXTURE_RULES = (Path(__file__).with_name("rules") / "fixture.lp",)
 FIXTURE_TOOLS = ("mandatory_tool", "prohibited_tool", "pair_a", "pair_b", "dependent_tool", "helper_tool",
                  "enabled_tool", "other_tool", "score80", "score50", "score30", "score10", "echo_tool",
-                 "slow_tool", "failing_tool", "crash_tool", "danger_tool", "bad_result_tool", "recent_tool")
+                 "slow_tool", "failing_tool", "crash_tool", "danger_tool", "bad_result_tool", "recent_tool",
+                 "ephemeral_tool")
+EPHEMERAL_VALIDITY_S = 0.5
 
 
 class FakeClock:
@@ -57,6 +60,20 @@ def _bad_result(args: dict[str, Any], ctx: InvocationContext) -> Any:
     return ["not", "an", "object"]
 
 
+def _echo_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundContext) -> InvocationOutcome:
+    text = str(args.get("text", ""))
+    return InvocationOutcome(
+        asserts=({"pred": "echoed", "args": [text]},
+                 {"pred": "echo_count", "args": [len(bound.facts)], "source": {"source_type": "scan"}},
+                 {"pred": "undeclared_pred", "args": [1]}),  # dropped: not in the profile
+        retracts=({"pred": "echoed", "args": [None]},),
+        suggested_intents=({"name": "diag", "description": "Diagnose next."},
+                           {"name": "no_such_intent", "description": "dropped"}),
+        continuation_facts=({"pred": "enable", "args": ["x"]},),
+        events=({"action": "echo", "status": "success"},),
+        summary=f"Echoed {len(text)} character(s).")
+
+
 _OBJECT = {"type": "object", "additionalProperties": True}
 _IMPLS: dict[str, Callable[..., Any]] = {"echo_tool": _echo, "slow_tool": _slow, "failing_tool": _failing,
                                          "crash_tool": _crash, "bad_result_tool": _bad_result}
@@ -75,8 +92,19 @@ def fixture_catalog() -> dict[str, ToolDefinition]:
             summary=f"The {name} fixture tool.", input_schema=schema,
             invoke=_IMPLS.get(name, lambda args, ctx: {"ok": True}),
             side_effects=("payments",) if name == "danger_tool" else ("none",),
-            requires_confirmation=name == "danger_tool")
+            requires_confirmation=name == "danger_tool",
+            instructions="Run the diagnosis first." if name == "mandatory_tool" else None,
+            validity_s=EPHEMERAL_VALIDITY_S if name == "ephemeral_tool" else None,
+            outcome=_echo_outcome if name == "echo_tool" else None)
     return catalog
+
+
+FIXTURE_SKILLS = {
+    "diag_guide": Skill("diag_guide", "Diagnosis guide", "How to read a diagnosis.",
+                        "Read the diagnosis top-down; the first failing check is the cause. " * 4),
+    "diag_manual": Skill("diag_manual", "Diagnosis manual", "The full diagnosis manual.",
+                         "The manual. " * 200, inline=False),
+}
 
 
 FIXTURE_PREDICATES = (
@@ -88,6 +116,8 @@ FIXTURE_PREDICATES = (
     PredicateSchema(predicate="blob", arity=1, arg_types=["any"], direction="input"),
     PredicateSchema(predicate="seen", arity=1, arg_types=["string"], temporal=True, direction="input"),
     PredicateSchema(predicate="final", arity=2, arg_types=["string", "number"], direction="output"),
+    PredicateSchema(predicate="echoed", arity=1, arg_types=["string"], temporal=True, direction="both"),
+    PredicateSchema(predicate="echo_count", arity=1, arg_types=["number"], direction="both"),
 )
 
 FIXTURE_INFO = ServerInfo(
@@ -96,7 +126,7 @@ FIXTURE_INFO = ServerInfo(
     intents=({"name": "diag", "description": "Diagnostic intent."},
              {"name": "levels", "description": "Adaptive disclosure fixture."},
              {"name": "tools", "description": "Invocation fixture."}),
-    predicates=FIXTURE_PREDICATES, temporal=True)
+    predicates=FIXTURE_PREDICATES, temporal=True, conformance_level=2)
 
 
 def make_evaluator(isolation: str = "thread") -> ClingoEvaluator:
@@ -105,10 +135,11 @@ def make_evaluator(isolation: str = "thread") -> ClingoEvaluator:
 
 
 def make_server(*, limits: ServerLimits | None = None, auth: BearerAuth | None = None,
-                clock: FakeClock | None = None, status: str = "ready",
-                evaluator: ClingoEvaluator | None = None) -> ManglecpServer:
+                clock: Any = None, status: str = "ready", evaluator: ClingoEvaluator | None = None,
+                gate: Any = None, on_error: Any = None, skills: Any = FIXTURE_SKILLS) -> ManglecpServer:
     return ManglecpServer(FIXTURE_INFO, fixture_catalog(), evaluator or make_evaluator(),
-                          limits=limits, auth=auth, clock=clock or FakeClock(), status=status)
+                          limits=limits, auth=auth, clock=clock or FakeClock(), status=status,
+                          skills=skills, gate=gate, on_error=on_error)
 
 
 def intent(intent_name: str, facts: list | None = None, *, id: str = "r-1", **payload: Any) -> dict:

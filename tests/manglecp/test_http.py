@@ -174,6 +174,10 @@ def test_serve_http_subprocess_with_token(tmp_path):
         client = ManglecpClient(HttpTransport(url, token="sekrit"))
         assert client.invoke_tool("verify_task", [], "run_verify", {"command": "true"}).result["passed"] is True
         client.close()
+        assert httpx.get(url + "/metrics").status_code == 401
+        metrics = httpx.get(url + "/metrics", headers={"Authorization": "Bearer sekrit"}).text
+        # the refused evaluation above was counted by the server (ftl.metrics via on_error)
+        assert 'ftl_errors_total{category="authentication",code="auth_required",gate="none"}' in metrics
     finally:
         process.terminate()
         # graceful stop; uvicorn re-raises the signal after shutting down, hence -SIGTERM

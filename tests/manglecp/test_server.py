@@ -129,15 +129,24 @@ def test_full_tools_have_the_required_shape(server):
         assert tool["safety"]["side_effects"]  # never [] (our decision)
 
 
-@pytest.mark.parametrize("level,fields", [
-    ("full", {"macro_id", "name", "disclosure_level", "description", "input_schema", "safety", "metadata"}),
-    ("condensed", {"macro_id", "name", "disclosure_level", "description", "metadata"}),
-    ("minimal", {"macro_id", "name", "disclosure_level"}),
-])
-def test_disclosure_levels_follow_the_whitelist(server, level, fields):
-    reply = final(server.handle(intent("diag", options={"disclosure_preference": level})))
+# spec 06 §4: (required, allowed) fields per level
+WHITELIST = {
+    "full": ({"macro_id", "name", "disclosure_level", "description", "input_schema", "safety"},
+             {"macro_id", "name", "disclosure_level", "description", "input_schema", "safety", "output_schema",
+              "context_injection", "validity", "metadata"}),
+    "condensed": ({"macro_id", "name", "disclosure_level", "description"},
+                  {"macro_id", "name", "disclosure_level", "description", "metadata"}),
+    "minimal": ({"macro_id", "name", "disclosure_level"}, {"macro_id", "name", "disclosure_level"}),
+}
+
+
+@pytest.mark.parametrize("level", ["full", "condensed", "minimal"])
+def test_disclosure_levels_follow_the_whitelist(server, level):
+    required, allowed = WHITELIST[level]
+    reply = final(server.handle(intent("diag", [{"pred": "enable", "args": ["skill"]}],
+                                       options={"disclosure_preference": level})))
     for tool in reply["payload"]["macro_tools"]:
-        assert tool["disclosure_level"] == level and set(tool) == fields
+        assert tool["disclosure_level"] == level and required <= set(tool) <= allowed
 
 
 def test_adaptive_levels_and_configurable_thresholds(clock):
@@ -181,7 +190,7 @@ def test_proof_hints_only_on_request(server):
     hints = final(server.handle(intent("diag", options={"include_proof_hints": True,
                                                          "disclosure_preference": "full"})))["payload"]["proof_hints"]
     assert hints["derivations"] and all(all(r.isidentifier() for r in d["rule_chain"]) for d in hints["derivations"])
-    assert {"candidate": "prohibited_tool", "excluded_by": "exclusion", "reason": "prohibited"} in hints["excluded"]
+    assert {"candidate": "prohibited_tool", "excluded_by": "exclusion", "reason": "policy"} in hints["excluded"]
     assert ":-" not in json.dumps(hints) and "/" not in json.dumps(hints)
 
 
@@ -206,15 +215,28 @@ def test_unknown_macro_and_schema_errors(server):
         ("/", "additionalProperties"), ("/count", "minimum"), ("/text", "type")]
 
 
-def test_macro_cache_is_scoped_per_session_and_expires(clock):
-    server = make_server(limits=ServerLimits(macro_ttl_s=60), clock=clock)
+def test_macro_cache_is_scoped_per_session_and_validity_windows_expire(clock):
+    server = make_server(limits=ServerLimits(macro_validity_s=60, macro_ttl_s=600), clock=clock)
     mine = Session(key="one")
-    macro_id = _macro(server, "echo_tool", session=mine)
+    tool = tools_by_name(final(server.handle(intent("tools"), session=mine)))["echo_tool"]
+    assert tool["validity"] == {"not_before": "2026-02-19T14:10:00.000Z", "expires_at": "2026-02-19T14:11:00.000Z"}
+    macro_id = tool["macro_id"]
     assert _error(server.handle(invoke(macro_id, {"text": "x"}), session=Session(key="two")))[
         "payload"]["code"] == "macro_not_found"
     assert final(server.handle(invoke(macro_id, {"text": "x"}), session=mine))["type"] == "invoke_response"
-    clock.advance(61)
+    clock.advance(60)  # the window is [not_before, expires_at)
+    expired = _error(server.handle(invoke(macro_id, {"text": "x"}), session=mine))["payload"]
+    assert (expired["code"], expired["details"]["expired_at"]) == ("macro_expired", "2026-02-19T14:11:00.000Z")
+    clock.advance(601)  # evicted after the window plus macro_ttl_s
     assert _error(server.handle(invoke(macro_id, {"text": "x"}), session=mine))["payload"]["code"] == "macro_not_found"
+
+
+def test_without_a_validity_window_entries_are_evicted_after_the_ttl(clock):
+    server = make_server(limits=ServerLimits(macro_validity_s=None, macro_ttl_s=60), clock=clock)
+    tool = tools_by_name(final(server.handle(intent("tools"))))["echo_tool"]
+    assert "validity" not in tool
+    clock.advance(61)
+    assert _error(server.handle(invoke(tool["macro_id"], {"text": "x"})))["payload"]["code"] == "macro_not_found"
 
 
 def test_tool_ftl_error_keeps_its_kind_and_only_safe_details(server):

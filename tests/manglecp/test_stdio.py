@@ -59,8 +59,11 @@ def test_raw_protocol(tmp_path: Path):
         process.stdin.write(json.dumps(envelope("intent_request", "t-1", {"intent": {"name": "verify_task"}}))
                             .encode() + b"\n")
         process.stdin.flush()
-        replies = _read_until(process.stdout, lambda m: m.get("id") == "t-1" and m["type"] != "progress")
-        by_id = {m["id"]: m for m in replies}
+        finals: dict = {}
+        # the three replies may come in any order (requests are processed concurrently)
+        _read_until(process.stdout, lambda m: m["type"] != "progress" and not finals.update({m["id"]: m})
+                    and {"big-1", "t-1", None} <= set(finals))
+        by_id = finals
         assert by_id["big-1"]["type"] == "intent_response"
         assert by_id[None]["payload"]["code"] == "message_too_large"
         assert [t["name"] for t in by_id["t-1"]["payload"]["macro_tools"]] == ["run_verify"]
