@@ -19,6 +19,7 @@ from typing import Any, Callable
 import click
 
 from ftl import envelope
+from ftl.clickutil import usage_error
 from ftl.errors import FtlError
 
 EXIT_INTERNAL = 1
@@ -77,7 +78,28 @@ def json_option(func: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
 
 
-@click.group()
+class _EnvelopeGroup(click.Group):
+    """A group whose usage errors become a response-v2 envelope when ``--json`` is given."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        argv = list(sys.argv[1:] if args is None else args)
+        if not standalone_mode:
+            return super().main(argv, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            return super().main(argv, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            if "--json" in argv:
+                _emit(envelope.failure(usage_error(exc)), True)
+            else:
+                exc.show()
+            sys.exit(EXIT_BAD_INPUT if isinstance(exc, click.UsageError) else exc.exit_code)
+        except click.exceptions.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(130)
+
+
+@click.group(cls=_EnvelopeGroup)
 @click.version_option(package_name="ftl-runner")
 def main() -> None:
     """ftl: a deterministic campaign runner for coding agents."""
@@ -108,11 +130,32 @@ def _runner(repo: Path, config_path: Path | None, as_json: bool, **overrides: An
     if not repo.is_dir():
         raise FtlError("not_found", {"what": "the repository directory given by --repo"})
     config = load_config(config_path, repo, **overrides)
+    from ftl.metrics import EventMetrics
+
     view = None
     if not as_json and sys.stderr.isatty():
         view = RichProgress()
     listener = view if view is not None else (None if as_json else PlainProgress())
-    return Runner(repo, config, on_event=listener), view
+    return Runner(repo, config, on_event=EventMetrics(then=listener)), view
+
+
+def _run_with(view: Any, action: Callable[[], Any], metrics_file: Path | None) -> Any:
+    """Run ``action`` inside the live view (if any); write the metrics file however it ends."""
+    try:
+        if view is not None:
+            with view:
+                return action()
+        return action()
+    finally:
+        if metrics_file is not None:
+            from ftl.metrics import write_textfile
+            write_textfile(metrics_file)
+
+
+def metrics_option(func: Callable) -> Callable:
+    return click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path),
+                        help="Write Prometheus counters (ftl_errors_total, ftl_retries_total, "
+                             "ftl_tasks_total, ...) to FILE when the run ends.")(func)
 
 
 def _finish(result: Any, as_json: bool) -> int:
@@ -155,10 +198,12 @@ def _sigterm_as_interrupt() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="ftl.toml to use (default: <repo>/ftl.toml when present).")
 @click.option("--server", help="MangleCP server: 'stdio:COMMAND' or an http(s) URL (default: embedded).")
+@metrics_option
 @json_option
 @handled
 def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Path | None, repo: Path,
-                 jobs: int | None, config_path: Path | None, server: str | None, as_json: bool) -> int:
+                 jobs: int | None, config_path: Path | None, server: str | None,
+                 metrics_file: Path | None, as_json: bool) -> int:
     """Run a campaign to its end.
 
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
@@ -175,11 +220,8 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
             {"path": "OBJECTIVE", "message": "give an objective or a plan with one", "keyword": "required"}]})
     runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
     _sigterm_as_interrupt()
-    if view is not None:
-        with view:
-            result = runner.start(objective, plan_input=plan_input, revised_plan_input=revised_input)
-    else:
-        result = runner.start(objective, plan_input=plan_input, revised_plan_input=revised_input)
+    result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
+                                                  revised_plan_input=revised_input), metrics_file)
     return _finish(result, as_json)
 
 
@@ -189,21 +231,18 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
 @click.option("--jobs", type=click.IntRange(1, 256))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--server")
+@metrics_option
 @json_option
 @handled
 def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, config_path: Path | None,
-                    server: str | None, as_json: bool) -> int:
+                    server: str | None, metrics_file: Path | None, as_json: bool) -> int:
     """Resume an interrupted campaign: completed tasks are kept, in-flight ones re-run fresh.
 
     Same output and exit codes as `ftl campaign run`.
     """
     runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
     _sigterm_as_interrupt()
-    if view is not None:
-        with view:
-            result = runner.resume(campaign_id)
-    else:
-        result = runner.resume(campaign_id)
+    result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file)
     return _finish(result, as_json)
 
 

@@ -5,6 +5,8 @@ Registered on the main ``ftl`` group by ``ftl.cli``.
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import click
@@ -14,31 +16,110 @@ from ftl.cli import _emit, handled, json_option
 from ftl.errors import FtlError
 
 
+def _existing(paths: tuple[Path, ...], option: str) -> list[Path]:
+    for path in paths:
+        if not path.is_file():
+            raise FtlError("not_found", {"what": f"event log {path.name} ({option})"})
+    return list(paths)
+
+
+def _write(text: str, output: Path | None) -> None:
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise FtlError("not_found", {"what": f"a writable place for {output.name} "
+                                             f"({exc.strerror or 'OS error'})"}) from None
+
+
 @click.command("replay")
 @click.argument("logs", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--check", is_flag=True, help="Exit 1 when an invariant is violated.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "html"]), default="text",
+              show_default=True, help="text: terminal postmortem; json: response-v2 envelope; "
+                                      "html: one self-contained report file.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the postmortem to this file instead of stdout.")
+@click.option("--against", multiple=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Log(s) of another run of the same plan: print where the two runs' decisions "
+                   "first differ (repeat for a crashed run and its resume). Exit 1 when they differ.")
 @json_option
 @handled
-def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, as_json: bool) -> int:
+def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path | None,
+                   against: tuple[Path, ...], as_json: bool) -> int:
     """Rebuild a campaign's run from its event log(s) and check the protocol's invariants.
 
-    Several logs of one campaign (a crashed run, then its resume) are read as one story.
-    Exit 1 with --check when a violation is found (each names its seq).
-    """
-    from ftl.replay import render_text, replay
+    Several logs of one campaign (a crashed run, then its resume) are read as one story, in the
+    order given; a resume that appended to the same file is found inside it. The postmortem
+    lists the states with durations, every task attempt (worker, outcome, failures), every
+    failure with its classification and what followed (retry, recovery, ERROR), the cascade
+    roots, the crash boundaries, the outcome and exit code, and each broken invariant with its
+    seq. A torn last line is a warning, not an error.
 
-    missing = [p.name for p in logs if not p.is_file()]
-    if missing:
-        raise FtlError("not_found", {"what": f"event log {missing[0]}"})
-    result = replay(logs)
+    Prints text, a response-v2 envelope (--format json or --json; ``data`` is the replay, with
+    ``check`` and, with --against, ``diff``), or an HTML report (--format html; use -o FILE).
+    Exit codes: 0; 1 with --check when an invariant is violated, or with --against when the
+    decisions differ; 2 when a log file is missing.
+    """
+    from ftl.replay import diff_decisions, render_diff_text, render_text, replay
+
+    paths = _existing(logs, "LOGS")
+    other = _existing(against, "--against")
+    if as_json and fmt == "html" and output is None:
+        raise FtlError("invalid_params", {"schema_errors": [
+            {"path": "--output", "message": "give -o FILE for the HTML report when --json prints "
+                                            "the envelope", "keyword": "required"}]})
+    result = replay(paths)
+    diff = diff_decisions(paths, other) if other else None
+    failed = bool(check and result.violations) or bool(diff is not None and not diff.same)
+
+    if fmt == "html":
+        from ftl.postmortem import render_html
+
+        _write(render_html(result, diff=diff, against=[p.name for p in other]), output)
+        if as_json:
+            data = {"campaign_id": result.campaign_id, "output": str(output),
+                    "check": _check(result), **({"diff": diff.to_json()} if diff else {})}
+            _emit(envelope.success(data, warnings=_warnings(result)), True)
+        elif output is not None:
+            click.echo(f"postmortem written to {output}")
+        return 1 if failed else 0
     if as_json or fmt == "json":
-        warnings = [envelope.Warning("LOG_TAIL_REPAIRED", "the last line was torn and skipped")] \
-            if result.torn_tail else []
-        _emit(envelope.success(result.to_json(), warnings=warnings), True)
-    else:
-        click.echo(render_text(result), nl=False)
-    return 1 if (check and result.violations) else 0
+        data = result.to_json()
+        data["check"] = _check(result)
+        if diff is not None:
+            data["diff"] = diff.to_json()
+        payload = envelope.success(data, warnings=_warnings(result))
+        if output is not None:
+            _write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n", output)
+        else:
+            _emit(payload, True)
+        return 1 if failed else 0
+    text = render_text(result)
+    if diff is not None:
+        text += render_diff_text(diff, " ".join(p.name for p in paths), " ".join(p.name for p in other))
+    _write(text, output)
+    if output is not None:
+        click.echo(f"postmortem written to {output}")
+    return 1 if failed else 0
+
+
+def _check(result) -> dict:
+    return {"passed": not result.violations, "violations": len(result.violations)}
+
+
+def _warnings(result) -> list:
+    warnings = []
+    if result.torn_tail:
+        warnings.append(envelope.Warning("LOG_TAIL_REPAIRED",
+                                         "the last line was torn by a crash and was skipped"))
+    if result.invalid_lines:
+        warnings.append(envelope.Warning("LOG_LINES_SKIPPED",
+                                         f"{len(result.invalid_lines)} unreadable line(s) were skipped"))
+    return warnings
 
 
 @click.group()
@@ -59,14 +140,19 @@ def diagram_machine(flow: str) -> None:
 @click.argument("plan_file", type=click.Path(dir_okay=False, path_type=Path))
 @handled
 def diagram_plan(plan_file: Path) -> int:
-    """Print a plan's task DAG as a Mermaid flowchart."""
+    """Print a plan's task DAG as a Mermaid flowchart (validated first; exit 2 if invalid)."""
     from ftl.validation import load_plan_file
 
     plan = load_plan_file(plan_file)
     lines = ["flowchart LR"]
     for task in plan.tasks:
         lines.append(f'    t{task.seq}["{task.seq} {task.slug}"]')
+    for task in plan.tasks:
         for dep in task.depends:
             lines.append(f"    t{dep} --> t{task.seq}")
     click.echo("\n".join(lines))
     return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(replay_command())

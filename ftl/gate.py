@@ -727,6 +727,18 @@ class Gatekeeper:
                 ``approval_not_found`` (approval); details are ``{"tool", "gate"}`` only.
             FtlError(invalid_params): ``call`` has no tool name.
         """
+        try:
+            decision = self._check(call)
+        except FtlError as error:
+            if error.details.get("gate"):
+                _count_gate(error.details["gate"], "deny" if error.error_type != "approval_timeout"
+                            else "timeout")
+            raise
+        for gate, outcome in decision.gates:
+            _count_gate(gate, outcome)
+        return decision
+
+    def _check(self, call: Mapping[str, Any]) -> GateDecision:
         c = _Call.parse(call)
         if not self.visible(c.tool):
             self._refuse("tool_not_exposed", "visibility", c, why="excluded by [gates.expose]")
@@ -826,3 +838,12 @@ def _resolve_command(argv: list[str], repo: Path) -> list[str]:
         raise _config_error("the approval command cannot be run", [
             {"path": "gates.approval.command.0", "message": f"{program}: not found on PATH"}])
     return [found, *argv[1:]]
+
+
+def _count_gate(gate: str, outcome: str) -> None:
+    """``ftl_gate_decisions_total{gate, outcome}``; metrics never stop a gate decision."""
+    try:
+        from ftl.metrics import count_gate
+        count_gate(gate, outcome)
+    except Exception:  # noqa: BLE001
+        log.debug("gate metric not counted", exc_info=True)

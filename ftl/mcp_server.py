@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import click
 import mcp_types as types
 from mcp.server import Server
@@ -60,7 +62,7 @@ from ftl.jsonrpc import (SDK_RESERVED_CODES, STANDARD_KINDS, CorrelationIds, acc
                          bare_internal_error, error_object, kind_for_code)
 from ftl.metrics import METRICS, EventMetrics, Metrics
 
-__all__ = ["FtlMcpServer", "TOOLS", "ToolSpec", "Outcome", "MAX_MESSAGE_BYTES", "SOURCE", "mcp"]
+__all__ = ["FtlMcpServer", "TOOLS", "ToolSpec", "Outcome", "CallContext", "MAX_MESSAGE_BYTES", "SOURCE", "mcp"]
 
 SERVER_NAME = "ftl"
 SOURCE = "mcp"                      # the call source the gates see (ftl.gate RuleMatch.source)
@@ -131,6 +133,42 @@ class IntentsArgs(_Args):
 # --------------------------------------------------------------------------- tool table
 
 @dataclass(frozen=True)
+class CallContext:
+    """What a tool run gets besides its arguments.
+
+    Attributes:
+        correlation_id: the request's id (also the envelope's ``meta.request_id``).
+        report: ``report(progress, total, message)`` sends an MCP progress notification when
+            the client asked for them (a no-op otherwise); callable from any thread.
+    """
+
+    correlation_id: str
+    report: Callable[[float, float | None, str | None], None] = lambda *_: None
+
+
+class _RunProgress:
+    """Event-log listener turning state entries and finished tasks into progress notifications
+    (the progress value counts notifications, so it always increases, as MCP requires)."""
+
+    def __init__(self, report: Callable[[float, float | None, str | None], None]) -> None:
+        self.report = report
+        self.steps = 0
+        self._lock = threading.Lock()  # tasks end on scheduler threads; keep values in order
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        name = event.get("event")
+        if name == "STATE_ENTRY":
+            message = f"state {event.get('state')}"
+        elif name == "TASK_END":
+            message = f"task {event.get('task_seq')} {event.get('status')}"
+        else:
+            return
+        with self._lock:
+            self.steps += 1
+            self.report(self.steps, None, message)
+
+
+@dataclass(frozen=True)
 class Outcome:
     """A tool's answer: the response-v2 envelope and whether it is an ``isError`` result."""
 
@@ -150,7 +188,7 @@ class ToolSpec:
     Attributes:
         name, title, description: what ``tools/list`` shows.
         args: the pydantic model of the arguments (its JSON Schema is the input schema).
-        run: ``run(server, args, correlation_id) -> Outcome``; runs in a worker thread.
+        run: ``run(server, args, call: CallContext) -> Outcome``; runs in a worker thread.
         side_effects: MangleCP spec 06 vocabulary, passed to the gates.
         read_only: the tool changes nothing (``readOnlyHint``).
     """
@@ -159,7 +197,7 @@ class ToolSpec:
     title: str
     description: str
     args: type[BaseModel]
-    run: Callable[["FtlMcpServer", Any, str], Outcome]
+    run: Callable[["FtlMcpServer", Any, CallContext], Outcome]
     side_effects: tuple[str, ...] = ("none",)
     read_only: bool = True
 
@@ -172,7 +210,8 @@ class ToolSpec:
                               idempotent_hint=self.read_only, open_world_hint=False))
 
 
-def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, cid: str) -> Outcome:
+def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     repo = server.resolve_repo(args.repo)
     config = server.config_for(repo, jobs=args.jobs)
     plan_input = None
@@ -186,14 +225,15 @@ def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, cid: str) -> Ou
         raise FtlError("invalid_params", {"schema_errors": [
             {"path": "/objective", "message": "give an objective or a plan that has one",
              "keyword": "required"}]})
-    runner = server.runner_factory(repo, config, on_event=server.event_metrics)
+    runner = server.runner_factory(repo, config, on_event=server.listener(call))
     return _run_outcome(runner.start(objective, plan_input=plan_input), cid)
 
 
-def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, cid: str) -> Outcome:
+def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     repo = server.resolve_repo(args.repo)
     runner = server.runner_factory(repo, server.config_for(repo, jobs=args.jobs),
-                                   on_event=server.event_metrics)
+                                   on_event=server.listener(call))
     return _run_outcome(runner.resume(args.campaign_id), cid)
 
 
@@ -236,7 +276,8 @@ def _campaign(store: Any, campaign_id: str | None) -> dict[str, Any] | None:
     return store.active_campaign() or store.latest_campaign()
 
 
-def _status(server: "FtlMcpServer", args: CampaignStatusArgs, cid: str) -> Outcome:
+def _status(server: "FtlMcpServer", args: CampaignStatusArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     from ftl import dag
 
     repo = server.resolve_repo(args.repo)
@@ -258,7 +299,8 @@ def _status(server: "FtlMcpServer", args: CampaignStatusArgs, cid: str) -> Outco
     return Outcome(envelope.success(data, request_id=cid))
 
 
-def _ready(server: "FtlMcpServer", args: ReadyTasksArgs, cid: str) -> Outcome:
+def _ready(server: "FtlMcpServer", args: ReadyTasksArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     from ftl import dag
 
     repo = server.resolve_repo(args.repo)
@@ -275,7 +317,8 @@ def _ready(server: "FtlMcpServer", args: ReadyTasksArgs, cid: str) -> Outcome:
                                     request_id=cid))
 
 
-def _cascade(server: "FtlMcpServer", args: CascadeAnalysisArgs, cid: str) -> Outcome:
+def _cascade(server: "FtlMcpServer", args: CascadeAnalysisArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     from ftl.server.tools.cascade import analyze_tasks
 
     repo = server.resolve_repo(args.repo)
@@ -293,7 +336,8 @@ def _cascade(server: "FtlMcpServer", args: CascadeAnalysisArgs, cid: str) -> Out
     return Outcome(envelope.success({"campaign_id": record["id"], **analysis}, request_id=cid))
 
 
-def _replay(server: "FtlMcpServer", args: ReplayLogArgs, cid: str) -> Outcome:
+def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     from ftl.events import log_path
     from ftl.replay import replay
 
@@ -312,7 +356,8 @@ def _replay(server: "FtlMcpServer", args: ReplayLogArgs, cid: str) -> Outcome:
     return Outcome(envelope.success(data, warnings=warnings, request_id=cid))
 
 
-def _intents(server: "FtlMcpServer", args: IntentsArgs, cid: str) -> Outcome:
+def _intents(server: "FtlMcpServer", args: IntentsArgs, call: CallContext) -> Outcome:
+    cid = call.correlation_id
     from ftl.server.app import build_server
     from ftl.server.catalog import TOOL_SPECS
 
@@ -401,7 +446,6 @@ class FtlMcpServer:
         self.config_path = config_path
         self.config: Config = load_config(config_path, self.repo)
         self.metrics = metrics if metrics is not None else METRICS
-        self.event_metrics = EventMetrics(self.metrics)
         if runner_factory is None:
             from ftl.runner import Runner
 
@@ -450,6 +494,10 @@ class FtlMcpServer:
             return self.config
         return load_config(self.config_path, repo, **overrides)
 
+    def listener(self, call: CallContext) -> EventMetrics:
+        """The event listener of one run: the counters, then progress notifications."""
+        return EventMetrics(self.metrics, then=_RunProgress(call.report))
+
     # -- gates -------------------------------------------------------------------------------
 
     def gatekeeper(self) -> Any:
@@ -496,7 +544,8 @@ class FtlMcpServer:
                         "source": SOURCE}
                 await anyio.to_thread.run_sync(gates.check, call)
             args = _validate(spec, arguments)
-            outcome = await anyio.to_thread.run_sync(spec.run, self, args, cid)
+            call_context = CallContext(cid, _progress_reporter(ctx))
+            outcome = await anyio.to_thread.run_sync(spec.run, self, args, call_context)
         except FtlError as error:
             if not error.kind.as_tool_result:
                 raise
@@ -620,6 +669,20 @@ class FtlMcpServer:
     def _error_reply(self, error: FtlError, request_id: Any) -> types.JSONRPCError:
         failure = self.mcp_error(error, self.ids.next())
         return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=failure.error)
+
+
+def _progress_reporter(ctx: Any) -> Callable[[float, float | None, str | None], None]:
+    """``report(progress, total, message)`` for worker threads (any thread: the event loop is
+    reached through its token); failures are logged at DEBUG, never raised."""
+    token = anyio.lowlevel.current_token()
+
+    def report(progress: float, total: float | None = None, message: str | None = None) -> None:
+        try:
+            anyio.from_thread.run(ctx.session.report_progress, progress, total, message, token=token)
+        except Exception:  # noqa: BLE001 - progress is best effort (client gone, no token...)
+            log.debug("progress notification not sent", exc_info=True)
+
+    return report
 
 
 def _validate(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:

@@ -1,39 +1,77 @@
 """Postmortem: rebuild a campaign's run from its event log alone and check the protocol.
 
-`replay(paths)` streams one or more logs of a campaign (a crashed run and its resume form one
-story; the crash boundary is where a ``RUN_START`` with ``resume: true`` follows a run that
-never wrote ``RUN_END``). It keeps only what the timeline needs, so memory stays flat in the
-number of events. Invariants checked (design.md §6), each violation with its ``seq``:
+`replay(paths)` streams one or more logs of a campaign in order (ftl's resume appends to the
+same file, so one file may hold several runs; a crashed run's log and its resume's log may also
+be given as two files). A new ``RUN_START`` after a run that wrote no ``RUN_END`` is a crash
+boundary. Memory is bounded by the size of the story (states entered, task attempts, failures),
+never by the number or size of the lines: each line is parsed, folded into the result and
+dropped, and per-operation bookkeeping is released when its task or state ends.
 
-- ``seq`` strictly increasing;
-- every ``TOOL_FAILURE`` is classified (``FAILURE_CLASSIFIED`` naming its ``failure_seq``)
-  before any retry or recovery of that operation;
-- every ``RETRY`` follows a failure of its operation classified ``retry``;
-- at most one retry per operation for a transient failure (two for a flaky verify);
-- no action outside a state: every action event lies between a ``STATE_ENTRY`` and the next
+Invariants checked, each violation reported with the ``seq`` of the event that broke it
+(design.md §6 and §5; rule names in `RULES`):
+
+- ``seq_increasing``: ``seq`` strictly increases across every file of the story;
+- ``emit_before_retry``: a ``RETRY`` or an op's ``RECOVERY_ATTEMPT`` follows a ``TOOL_FAILURE``
+  of that operation (a retry only after one classified ``retry``);
+- ``classify_before_act``: every ``TOOL_FAILURE`` is classified (``FAILURE_CLASSIFIED`` naming
+  its ``failure_seq``) before a retry, a recovery, a task end or a move to ERROR acts on it, and
+  never left unclassified;
+- ``retry_limit``: at most ``transient_retries`` retries (1) per operation for a transient
+  failure, ``flaky_verify_retries`` (2) for a flaky verify, none for a structural one (limits
+  from the ``RUN_START`` config when it has them);
+- ``action_in_state``: every action event lies between a ``STATE_ENTRY`` and the next
   ``PHASE_TRANSITION`` and names that state;
-- ERROR is entered as a state with an ``error_type`` and handled by that type's route;
-- task transitions are legal (no start of a complete task, no second start without an end
-  unless a crash intervened);
-- the run ends in COMPLETE or a ``RETURN`` with a summary.
+- ``error_state``: ERROR is entered through the ``fail`` trigger as a state with an
+  ``error_type``;
+- ``error_route``: ERROR writes ``ERROR_ROUTE`` with that type's registry route (or one of the
+  handler's documented overrides) and then takes that route;
+- ``state_transitions``: every ``PHASE_TRANSITION`` is one of the machine's transitions
+  (`ftl.machine.TRANSITIONS` for the run's flow) and the next ``STATE_ENTRY`` is its target;
+- ``task_transitions``: a task starts only when pending with its dependencies complete (when
+  ``PLAN_REGISTERED`` lists them), never twice without an end (unless a crash intervened),
+  never again after completing, and restarts after a block only after a successful re-plan;
+- ``ends_properly``: the story ends with ``RUN_END`` after COMPLETE, or after a ``RETURN`` with
+  a summary (a cancelled run is reported, not a violation).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from ftl import events as ev
-from ftl.errors import Route, kind
+from ftl.errors import REGISTRY, Route, kind
 
-# Routes the ERROR handler may take instead of the row's own (see states/error.py).
-_ROUTE_FALLBACKS = {Route.SUMMARY.value, Route.OBSERVE.value}
+RULES: dict[str, str] = {
+    "seq_increasing": "seq strictly increases across the story",
+    "emit_before_retry": "TOOL_FAILURE precedes any retry or recovery of that failure",
+    "classify_before_act": "every failure is classified before an action is taken on it",
+    "retry_limit": "at most one retry of a transient failure (two for a flaky verify), none of a "
+                   "structural one",
+    "action_in_state": "no action outside a state",
+    "error_state": "ERROR is entered through 'fail' as a state with an error_type",
+    "error_route": "ERROR is handled by its error_type's route",
+    "state_transitions": "every state change is a transition of the machine",
+    "task_transitions": "task starts and ends follow the task lifecycle",
+    "ends_properly": "the run ends in COMPLETE or a RETURN with a summary",
+}
+
+# ERROR handler overrides of the registry route (states/error.py): too many ERROR entries or a
+# PLAN route from outside EXPLORE -> summary; a CASCADE route in the TASK flow -> observe.
+_MAX_ERROR_ENTRIES = 5
+_ROUTE_TARGETS = {Route.PLAN.value: "PLAN", Route.CASCADE.value: "CASCADE",
+                  Route.OBSERVE.value: "OBSERVE"}
+_ENDED_TASK = frozenset({"complete", "blocked", "cancelled", "pending"})
+_MESSAGE_LIMIT = 300  # characters of a failure message kept (the log keeps the whole text)
 
 
-@dataclass
+@dataclass(slots=True)
 class Violation:
+    """One broken invariant: the event's ``seq`` (None when the log as a whole is at fault)."""
+
     seq: int | None
     rule: str
     message: str
@@ -42,293 +80,1059 @@ class Violation:
         return {"seq": self.seq, "rule": self.rule, "message": self.message}
 
 
-@dataclass
+@dataclass(slots=True)
+class StateSpan:
+    """One stay in a state: from its ``STATE_ENTRY`` to the next entry, a crash or ``RUN_END``."""
+
+    state: str
+    seq: int | None
+    start: str | None
+    run: int
+    resumed: bool = False
+    error_type: str | None = None
+    end: str | None = None
+    duration_ms: int | None = None
+    trigger: str | None = None  # what left it; None when the run ended or crashed in it
+    to: str | None = None
+    interrupted: bool = False
+
+
+@dataclass(slots=True)
+class Failure:
+    """A ``TOOL_FAILURE`` with its classification and what happened to it next.
+
+    ``outcome``: ``retried``, ``recovered:<strategy>`` (``failed:<strategy>`` when the recovery
+    did not work), ``error`` (the run went to ERROR), ``interrupted`` (a crash came first) or
+    None (the protocol moved on, e.g. an escalation handled by the caller).
+    """
+
+    seq: int | None
+    ts: str | None
+    state: str | None
+    tool: str | None
+    task_seq: str | None
+    op_id: str | None
+    attempt: int | None
+    error_type: str | None
+    message: str | None
+    run: int
+    klass: str | None = None
+    decision: str | None = None
+    classified_seq: int | None = None
+    outcome: str | None = None
+    outcome_seq: int | None = None
+
+
+@dataclass(slots=True)
 class TaskAttempt:
+    """One attempt at a task, ``TASK_START`` to ``TASK_END`` (``status`` None: cut by a crash)."""
+
     seq: str
     worker: str | None
     attempt: int | None
-    start: str
+    start: str | None
+    start_seq: int | None
+    run: int
     end: str | None = None
+    end_seq: int | None = None
     status: str | None = None
     error_type: str | None = None
+    duration_ms: int | None = None
+    failures: list[int] = field(default_factory=list)
+    retries: int = 0
+    recoveries: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class TaskInfo:
+    """A task's final word in the log."""
+
+    seq: str
+    slug: str | None = None
+    depends: list[str] | None = None
+    status: str = "pending"
+    attempts: int = 0
+    blocked_by: list[str] = field(default_factory=list)
+    error_type: str | None = None
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class RunSegment:
+    """One process's part of the story: a ``RUN_START`` to its ``RUN_END`` (or a crash)."""
+
+    index: int
+    start_seq: int | None
+    start: str | None
+    resume: bool
+    file: str
+    pid: int | None = None
+    end_seq: int | None = None
+    end: str | None = None
+    last_seq: int | None = None
+    last_ts: str | None = None
+    outcome: str | None = None
+    exit_code: int | None = None
+    interrupted_state: str | None = None
+    interrupted_tasks: list[str] = field(default_factory=list)
+
+    @property
+    def crashed(self) -> bool:
+        return self.outcome is None
 
 
 @dataclass
 class Replay:
-    """What a log says happened. Built by `replay`."""
+    """What a log says happened. Built by `replay`; render with `render_text`, `to_json` or
+    `ftl.postmortem.render_html`."""
 
     campaign_id: str | None = None
-    states: list[dict[str, Any]] = field(default_factory=list)
+    objective: str | None = None
+    flow: str | None = None
+    files: list[str] = field(default_factory=list)
+    events: int = 0
+    first_ts: str | None = None
+    last_ts: str | None = None
+    runs: list[RunSegment] = field(default_factory=list)
+    states: list[StateSpan] = field(default_factory=list)
+    tasks: dict[str, TaskInfo] = field(default_factory=dict)
     attempts: list[TaskAttempt] = field(default_factory=list)
-    failures: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
     retries: list[dict[str, Any]] = field(default_factory=list)
     recoveries: list[dict[str, Any]] = field(default_factory=list)
     cascade: list[dict[str, Any]] = field(default_factory=list)
-    crash_boundaries: list[int] = field(default_factory=list)
+    repaired: list[dict[str, Any]] = field(default_factory=list)
     outcome: str | None = None
     exit_code: int | None = None
-    events: int = 0
-    torn_tail: bool = False
-    invalid_lines: list[int] = field(default_factory=list)
+    summary: dict[str, Any] | None = None
+    torn_tails: list[str] = field(default_factory=list)
+    invalid_lines: list[dict[str, Any]] = field(default_factory=list)
+    other_campaigns: list[str] = field(default_factory=list)
     violations: list[Violation] = field(default_factory=list)
 
+    @property
+    def torn_tail(self) -> bool:
+        return bool(self.torn_tails)
+
+    @property
+    def crash_boundaries(self) -> list[int]:
+        """``seq`` of each ``RUN_START`` that resumed a crashed run."""
+        return [nxt.start_seq for prev, nxt in zip(self.runs, self.runs[1:]) if prev.crashed]
+
+    @property
+    def duration_ms(self) -> int | None:
+        return _ms_between(self.first_ts, self.last_ts)
+
+    def failure(self, seq: int) -> Failure | None:
+        for failure in self.failures:
+            if failure.seq == seq:
+                return failure
+        return None
+
+    def blocks(self) -> list[dict[str, Any]]:
+        """The cascade tree: one entry per blocked root, ``{root, slug, error_type, reason,
+        blocked: [seq...]}`` (tasks made unreachable by that root, in seq order)."""
+        roots: dict[str, dict[str, Any]] = {}
+        for info in self.tasks.values():
+            if info.status == "blocked" and not info.blocked_by:
+                roots[info.seq] = {"root": info.seq, "slug": info.slug, "error_type": info.error_type,
+                                   "reason": info.reason, "blocked": []}
+        for info in self.tasks.values():
+            for root in info.blocked_by if info.status == "blocked" else ():
+                roots.setdefault(root, {"root": root, "slug": self.tasks.get(root, TaskInfo(root)).slug,
+                                        "error_type": None, "reason": None, "blocked": []})
+                roots[root]["blocked"].append(info.seq)
+        for entry in roots.values():
+            entry["blocked"].sort(key=_seq_key)
+        return [roots[k] for k in sorted(roots, key=_seq_key)]
+
+    def warnings(self) -> list[str]:
+        """Findings about the log itself (not protocol violations)."""
+        notes = [f"{name}: the last line was torn (a crash mid-write); it was skipped"
+                 for name in self.torn_tails]
+        notes += [f"{item['file']}: line {item['line']} is not a JSON object; it was skipped"
+                  for item in self.invalid_lines]
+        notes += [f"seq {item['seq']}: the writer cut a torn tail of {item['truncated_bytes']} bytes "
+                  "before appending" for item in self.repaired]
+        if self.other_campaigns:
+            notes.append(f"events of other campaigns were read: {', '.join(self.other_campaigns)}")
+        if self.runs and self.runs[-1].outcome == "cancelled":
+            notes.append("the last run was cancelled (Ctrl-C); `ftl campaign resume` continues it")
+        return notes
+
     def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict: the keys of `Replay` with dataclasses as dicts; ``tasks`` is the list
+        of attempts and ``task_status`` the final word per task."""
         return {
-            "campaign_id": self.campaign_id, "events": self.events, "outcome": self.outcome,
-            "exit_code": self.exit_code, "states": self.states,
-            "tasks": [a.__dict__ for a in self.attempts], "failures": self.failures,
+            "campaign_id": self.campaign_id, "objective": self.objective, "flow": self.flow,
+            "files": self.files, "events": self.events, "outcome": self.outcome,
+            "exit_code": self.exit_code, "summary": self.summary,
+            "first_ts": self.first_ts, "last_ts": self.last_ts, "duration_ms": self.duration_ms,
+            "runs": [{**asdict(r), "crashed": r.crashed} for r in self.runs],
+            "crash_boundaries": self.crash_boundaries,
+            "states": [asdict(s) for s in self.states],
+            "tasks": [asdict(a) for a in self.attempts],
+            "task_status": [asdict(t) for t in self.ordered_tasks()],
+            "failures": [asdict(f) for f in self.failures],
             "retries": self.retries, "recoveries": self.recoveries, "cascade": self.cascade,
-            "crash_boundaries": self.crash_boundaries, "torn_tail": self.torn_tail,
-            "invalid_lines": self.invalid_lines,
+            "blocks": self.blocks(), "repaired": self.repaired,
+            "torn_tail": self.torn_tail, "torn_tails": self.torn_tails,
+            "invalid_lines": self.invalid_lines, "warnings": self.warnings(),
             "violations": [v.to_json() for v in self.violations],
         }
 
+    def ordered_tasks(self) -> list[TaskInfo]:
+        return [self.tasks[k] for k in sorted(self.tasks, key=_seq_key)]
 
-def _ts(value: str | None) -> datetime | None:
+
+def _seq_key(seq: str) -> tuple[int, str]:
+    return (int(seq), seq) if str(seq).isdigit() else (1 << 30, str(seq))
+
+
+def _parse_ts(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
 
 
+def _ms_between(start: Any, end: Any) -> int | None:
+    a, b = _parse_ts(start), _parse_ts(end)
+    if a is None or b is None:
+        return None
+    return int(round((b - a).total_seconds() * 1000))
+
+
+def _s(value: Any) -> str | None:
+    """A text field as str (None stays None): a log is untrusted input, types included."""
+    return value if isinstance(value, str) or value is None else str(value)
+
+
+def _i(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+# ---------------------------------------------------------------------------------- reading
+
+def stream(paths: Iterable[Path], result: Replay | None = None) -> Iterator[dict[str, Any]]:
+    """Yield the events of ``paths`` in order, one dict per good line.
+
+    Tolerant like `ftl.events.read_events` (a torn last line of a file goes to
+    ``result.torn_tails``, a bad line elsewhere to ``result.invalid_lines`` as ``{file, line}``),
+    but without its look-ahead: only a file's last line can lack its newline, so whether a bad
+    line is torn is known from the line itself. One line in memory at a time.
+    """
+    loads = json.loads
+    for path in paths:
+        name = Path(path).name
+        if result is not None:
+            result.files.append(name)
+        with open(path, "rb") as handle:
+            number = 0
+            for raw in handle:
+                number += 1
+                try:
+                    event = loads(raw)
+                except ValueError:
+                    event = None
+                if type(event) is dict:
+                    yield event
+                    continue
+                if not raw.strip():
+                    continue
+                if result is not None:
+                    if raw.endswith(b"\n"):
+                        result.invalid_lines.append({"file": name, "line": number})
+                    else:
+                        result.torn_tails.append(name)
+
+
+# ---------------------------------------------------------------------------------- checking
+
+@dataclass(slots=True)
+class _Op:
+    """Bookkeeping for one recovery-protocol operation (one ``op_id``)."""
+
+    task_seq: str | None
+    failure: Failure | None = None
+    retries: int = 0
+
+
 class _Checker:
+    """Folds events into a `Replay` and records violations. Per-event work only: no history."""
+
     def __init__(self, result: Replay) -> None:
         self.r = result
         self.last_seq = 0
+        self.run_index = -1
+        self.segment: RunSegment | None = None
         self.state: str | None = None
+        self.span: StateSpan | None = None
         self.in_state = False
-        self.run_open = False
-        self.ended = False
-        self.unclassified: dict[int, dict[str, Any]] = {}
-        self.op_decision: dict[str, str] = {}
-        self.op_kind: dict[str, str] = {}
-        self.op_retries: dict[str, int] = {}
+        self.expect_entry: str | None = None  # target of the last PHASE_TRANSITION
+        self.flow = "campaign"
+        self.transitions: set[tuple[str, str, str]] = set()
+        self.transient_retries = 1
+        self.flaky_retries = 2
+        self.unclassified: dict[int, Failure] = {}
+        self.state_failures: list[Failure] = []  # failures of the current state still open
+        self.ops: dict[str, _Op] = {}
         self.running: dict[str, TaskAttempt] = {}
-        self.completed: set[str] = set()
-        self.pending_error: dict[str, Any] | None = None
+        self.task_failures: dict[str, Failure] = {}  # last failure of each running task
+        self.replan_open = False
+        self.error: dict[str, Any] | None = None  # ERROR entered, route not yet written
+        self.route_target: str | None = None  # state the route promised to go to
+        self.error_entries = 0
+        self.error_origin: str | None = None
         self.returned = False
+        self.ended = False
+        self._set_flow("campaign")
+        self.handlers = {
+            ev.RUN_START: self.on_run_start, ev.RUN_END: self.on_run_end,
+            ev.STATE_ENTRY: self.on_state_entry, ev.PHASE_TRANSITION: self.on_phase_transition,
+            ev.TOOL_FAILURE: self.on_tool_failure, ev.FAILURE_CLASSIFIED: self.on_failure_classified,
+            ev.RETRY: self.on_retry, ev.RECOVERY_ATTEMPT: self.on_recovery_attempt,
+            ev.ERROR_ROUTE: self.on_error_route, ev.RETURN: self.on_return,
+            ev.TASK_START: self.on_task_start, ev.TASK_END: self.on_task_end,
+            ev.PLAN_REGISTERED: self.on_plan_registered,
+            ev.CASCADE_STATUS: self.on_cascade_status, ev.CASCADE_ANALYSIS: self.on_cascade_analysis,
+            ev.CASCADE_REPLAN: self.on_cascade_replan, ev.CASCADE_PROPAGATE: self.on_cascade_propagate,
+            ev.CASCADE_MERGE_FAILED: self.on_cascade_merge_failed,
+            ev.LOG_REPAIRED: self.on_log_repaired,
+        }
+        self.actions = ev.ACTION_EVENTS
+        self._file = ""
 
-    def violation(self, event: dict[str, Any] | None, rule: str, message: str) -> None:
-        self.r.violations.append(Violation(event.get("seq") if event else None, rule, message))
+    def _set_flow(self, flow: str) -> None:
+        from ftl.machine import TRANSITIONS, Flow
 
+        try:
+            rows = TRANSITIONS[Flow(flow)]
+        except ValueError:
+            rows = TRANSITIONS[Flow.CAMPAIGN]
+        self.flow = flow
+        self.transitions = {
+            (source, row["trigger"], row["dest"])
+            for row in rows
+            for source in (row["source"] if isinstance(row["source"], list) else [row["source"]])
+        }
+
+    def violation(self, seq: int | None, rule: str, message: str) -> None:
+        self.r.violations.append(Violation(seq, rule, message))
+
+    # --- the hot path ---
     def feed(self, e: dict[str, Any]) -> None:
         r = self.r
         r.events += 1
-        name, seq, state = e.get("event"), e.get("seq"), e.get("state")
-        r.campaign_id = r.campaign_id or e.get("campaign_id")
-        if not isinstance(seq, int) or seq <= self.last_seq:
-            self.violation(e, "seq_increasing", f"seq {seq} after {self.last_seq}")
-        if isinstance(seq, int):
-            self.last_seq = max(self.last_seq, seq)
-
-        if name == ev.RUN_START:
-            if self.run_open and not self.ended:
-                r.crash_boundaries.append(seq)
-                self.running.clear()  # in-flight attempts died with the process
-                self.unclassified.clear()  # a failure cut off by the crash is not the resume's
-                self._close_state(e)
-            self.run_open, self.ended, self.in_state, self.state = True, False, False, None
-            self.returned = False
-            return
-        if name == ev.RUN_END:
-            self.ended = True
-            r.outcome, r.exit_code = e.get("outcome"), e.get("exit_code")
-            self._close_state(e)
-            if e.get("outcome") in ("returned",) and not self.returned:
-                self.violation(e, "ends_properly", "run returned without a RETURN summary")
-            if str(e.get("outcome", "")).startswith("complete") and self.state != "COMPLETE" \
-                    and not (r.states and r.states[-1]["state"] == "COMPLETE"):
-                self.violation(e, "ends_properly", "run completed outside COMPLETE")
-            for attempt in self.running.values():
-                self.violation(e, "task_transitions", f"task {attempt.seq} still running at the end")
-            return
-        if name == ev.STATE_ENTRY:
-            self._close_state(e)
-            self.state, self.in_state = state, True
-            r.states.append({"state": state, "start": e.get("ts"), "end": None, "duration_ms": None,
-                             "error_type": e.get("error_type"), "seq": seq})
-            if state == "ERROR":
-                if not e.get("error_type"):
-                    self.violation(e, "error_state", "ERROR entered without an error_type")
-                self.pending_error = {"error_type": e.get("error_type"), "seq": seq}
-            return
-        if name == ev.PHASE_TRANSITION:
-            self.in_state = False
-            if self.pending_error is not None:
-                self.violation(e, "error_route", "left ERROR without an ERROR_ROUTE")
-                self.pending_error = None
-            return
-        if name in (ev.LOG_REPAIRED, ev.RESUME):
-            return
-        if name in ev.ACTION_EVENTS:
+        seq = e.get("seq")
+        if type(seq) is int and seq > self.last_seq:
+            self.last_seq = seq
+        else:
+            self.violation(seq if type(seq) is int else None, "seq_increasing",
+                           f"seq {seq} after {self.last_seq}")
+            if type(seq) is not int:
+                seq = None
+        ts = e.get("ts")
+        if r.first_ts is None:
+            r.first_ts = ts
+        r.last_ts = ts
+        campaign = e.get("campaign_id")
+        if r.campaign_id is None:
+            r.campaign_id = campaign
+        elif campaign != r.campaign_id and campaign not in r.other_campaigns:
+            r.other_campaigns.append(campaign)
+        name = e.get("event")
+        if not isinstance(name, str):
+            name = _s(name)
+        if name in self.actions:
             if not self.in_state:
-                self.violation(e, "action_in_state", f"{name} outside any state")
-            elif state != self.state:
-                self.violation(e, "action_in_state", f"{name} names state {state}, current {self.state}")
-        getattr(self, f"on_{str(name).lower()}", lambda _e: None)(e)
+                self.violation(seq, "action_in_state", f"{name} outside any state")
+            elif e.get("state") != self.state:
+                self.violation(seq, "action_in_state",
+                               f"{name} names state {e.get('state')}, current {self.state}")
+        handler = self.handlers.get(name)
+        if handler is not None:
+            handler(e, seq, ts)
+        segment = self.segment
+        if segment is not None:
+            segment.last_seq, segment.last_ts = seq, ts
 
-    def _close_state(self, e: dict[str, Any]) -> None:
-        if self.r.states and self.r.states[-1]["end"] is None:
-            current = self.r.states[-1]
-            current["end"] = e.get("ts")
-            start, end = _ts(current["start"]), _ts(e.get("ts"))
-            if start and end:
-                current["duration_ms"] = int((end - start).total_seconds() * 1000)
+    # --- runs and states ---
+    def on_run_start(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        r = self.r
+        previous = self.segment
+        if previous is not None and previous.outcome is None:
+            # The previous process died: its in-flight work is cut, not wrong.
+            previous.interrupted_state = self.state
+            previous.interrupted_tasks = sorted(self.running, key=_seq_key)
+            # The state lasted until the dead process's last event, not until the resume.
+            self._close_span(previous.last_ts, None, None, interrupted=True)
+            for failure in self.unclassified.values():
+                failure.outcome = failure.outcome or "interrupted"
+            for failure in self.state_failures:
+                failure.outcome = failure.outcome or "interrupted"
+            for task in self.running:
+                if r.tasks.get(task) is not None and r.tasks[task].status == "running":
+                    r.tasks[task].status = "interrupted"
+        self.run_index += 1
+        self.segment = RunSegment(self.run_index, seq, _s(ts), bool(e.get("resume")), self._file,
+                                  pid=_i(e.get("pid")), last_seq=seq, last_ts=_s(ts))
+        r.runs.append(self.segment)
+        r.objective = r.objective or _s(e.get("objective"))
+        mode = e.get("mode")
+        if isinstance(mode, str) and mode != self.flow:
+            self._set_flow(mode)
+        r.flow = self.flow
+        config = e.get("config")
+        if isinstance(config, dict):
+            self.transient_retries = _i(config.get("transient_retries")) or self.transient_retries
+            self.flaky_retries = _i(config.get("flaky_verify_retries")) or self.flaky_retries
+        self.running.clear()
+        self.task_failures.clear()
+        self.unclassified.clear()
+        self.state_failures = []
+        self.ops.clear()
+        self.state, self.in_state, self.expect_entry = None, False, None
+        self.error, self.route_target, self.returned, self.ended = None, None, False, False
 
-    # --- per-event handlers ---
-    def on_tool_failure(self, e: dict[str, Any]) -> None:
-        if not isinstance(e.get("seq"), int):
+    def on_run_end(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        r = self.r
+        outcome = _s(e.get("outcome"))
+        r.outcome, r.exit_code = outcome, _i(e.get("exit_code"))
+        self.ended = True
+        if self.segment is not None:
+            self.segment.end_seq, self.segment.end = seq, ts
+            self.segment.outcome, self.segment.exit_code = outcome or "unknown", r.exit_code
+        self._close_span(ts, None, None)
+        if outcome == "cancelled":
+            for attempt in self.running.values():
+                attempt.status = attempt.status or "cancelled"
+            self.running.clear()
             return
-        self.unclassified[e.get("seq")] = e
-        op = e.get("op_id")
-        if op:
-            self.op_kind[op] = e.get("error_type", "")
-        self.r.failures.append({"seq": e.get("seq"), "tool": e.get("tool"), "task_seq": e.get("task_seq"),
-                                "error_type": e.get("error_type"), "message": e.get("message"),
-                                "attempt": e.get("attempt"), "op_id": op, "state": e.get("state"),
-                                "klass": None, "decision": None})
-
-    def on_failure_classified(self, e: dict[str, Any]) -> None:
-        failure = self.unclassified.pop(e.get("failure_seq"), None)
-        if failure is None:
-            self.violation(e, "classify_before_act", "classification of an unknown failure")
-            return
-        for entry in reversed(self.r.failures):
-            if entry["seq"] == failure.get("seq"):
-                entry["klass"], entry["decision"] = e.get("klass"), e.get("decision")
-                break
-        if e.get("op_id"):
-            self.op_decision[e["op_id"]] = e.get("decision", "")
-
-    def _check_classified(self, e: dict[str, Any]) -> None:
-        op, task = e.get("op_id"), e.get("task_seq")
+        if outcome == "returned" and not self.returned:
+            self.violation(seq, "ends_properly", "run returned without a RETURN summary")
+        if str(outcome or "").startswith("complete") and self.state != "COMPLETE":
+            self.violation(seq, "ends_properly", f"run completed in {self.state}, not in COMPLETE")
+        for task in sorted(self.running, key=_seq_key):
+            self.violation(seq, "task_transitions", f"task {task} still running at the end")
         for failure in self.unclassified.values():
-            same = failure.get("op_id") == op if op is not None else (
-                task is None or failure.get("task_seq") == task)
-            if same:
-                self.violation(e, "classify_before_act",
-                               f"{e.get('event')} before failure {failure['seq']} was classified")
-                break
+            self.violation(failure.seq, "classify_before_act", "failure never classified")
+        self.unclassified.clear()
 
-    def on_retry(self, e: dict[str, Any]) -> None:
-        self._check_classified(e)
-        op = e.get("op_id")
-        self.r.retries.append({"seq": e.get("seq"), "op_id": op, "tool": e.get("tool"),
-                               "attempt": e.get("attempt"), "wait_ms": e.get("wait_ms"),
-                               "error_type": e.get("error_type")})
-        if self.op_decision.get(op) != "retry":
-            self.violation(e, "emit_before_retry", f"RETRY of {op} without a failure classified retry")
-        self.op_retries[op] = self.op_retries.get(op, 0) + 1
-        limit = 2 if self.op_kind.get(op) == "flaky_test" else 1
-        if self.op_retries[op] > limit:
-            self.violation(e, "retry_limit", f"{self.op_retries[op]} retries of {op} (limit {limit})")
-
-    def on_recovery_attempt(self, e: dict[str, Any]) -> None:
-        self._check_classified(e)
-        self.r.recoveries.append({"seq": e.get("seq"), "strategy": e.get("strategy"),
-                                  "success": e.get("success"), "error_type": e.get("error_type")})
-
-    def on_error_route(self, e: dict[str, Any]) -> None:
-        if self.pending_error is None:
-            self.violation(e, "error_route", "ERROR_ROUTE outside ERROR")
+    def _close_span(self, ts: str | None, trigger: str | None, to: str | None, *,
+                    interrupted: bool = False) -> None:
+        span = self.span
+        if span is None or span.end is not None:
             return
-        expected = kind(self.pending_error["error_type"] or "internal_error").route.value
-        route = e.get("route")
-        if route != expected and route not in _ROUTE_FALLBACKS:
-            self.violation(e, "error_route", f"{self.pending_error['error_type']} routed to {route}, "
-                                             f"registry says {expected}")
-        self.pending_error = None
+        span.end, span.trigger, span.to = ts, trigger, to
+        span.duration_ms = _ms_between(span.start, ts)
+        span.interrupted = span.interrupted or interrupted
 
-    def on_return(self, e: dict[str, Any]) -> None:
+    def on_state_entry(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        state = _s(e.get("state"))
+        resumed = bool(e.get("resumed"))
+        if self.expect_entry is not None and state != self.expect_entry:
+            self.violation(seq, "state_transitions",
+                           f"entered {state} after a transition to {self.expect_entry}")
+        elif self.expect_entry is None and self.span is not None and self.span.run == self.run_index \
+                and not resumed:
+            self.violation(seq, "state_transitions", f"entered {state} without a PHASE_TRANSITION")
+        elif self.expect_entry is None and self.span is None and state != "INIT" and not resumed:
+            self.violation(seq, "state_transitions", f"the run starts in {state}, not INIT")
+        self._close_span(ts, None, None)
+        self.expect_entry = None
+        if self.route_target is not None and state != self.route_target:
+            self.violation(seq, "error_route", f"ERROR routed to {self.route_target} but entered {state}")
+        self.route_target = None
+        self.state, self.in_state = state, True
+        self.state_failures = []
+        span = StateSpan(str(state), seq, _s(ts), self.run_index, resumed=resumed,
+                         error_type=_s(e.get("error_type")))
+        self.span = span
+        self.r.states.append(span)
+        if state == "ERROR":
+            self.error_entries += 1
+            if not e.get("error_type"):
+                self.violation(seq, "error_state", "ERROR entered without an error_type")
+            self.error = {"error_type": _s(e.get("error_type")), "seq": seq}
+
+    def on_phase_transition(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        source = str(e.get("from") or "").upper()
+        dest = str(e.get("to") or "").upper()
+        trigger = str(e.get("trigger") or "")
+        if not self.in_state:
+            self.violation(seq, "state_transitions", f"transition {trigger} outside any state")
+        elif source != self.state:
+            self.violation(seq, "state_transitions", f"transition from {source} while in {self.state}")
+        if (source, trigger, dest) not in self.transitions:
+            self.violation(seq, "state_transitions",
+                           f"{source} -{trigger}-> {dest} is not a transition of the {self.flow} flow")
+        if dest == "ERROR":
+            if trigger != "fail":
+                self.violation(seq, "error_state", f"ERROR entered by '{trigger}', not 'fail'")
+            if not self.state_failures and not any(f.state == self.state for f in self.unclassified.values()):
+                self.violation(seq, "error_state", f"{self.state} failed without a TOOL_FAILURE")
+            for failure in self.unclassified.values():
+                self.violation(seq, "classify_before_act",
+                               f"moved to ERROR before failure {failure.seq} was classified")
+            for failure in self.state_failures:
+                if failure.outcome is None:
+                    failure.outcome, failure.outcome_seq = "error", seq
+            self.error_origin = self.state
+        if self.error is not None:
+            self.violation(seq, "error_route", "left ERROR without an ERROR_ROUTE")
+            self.error = None
+        if self.route_target is not None and dest != self.route_target:
+            self.violation(seq, "error_route", f"ERROR routed to {self.route_target} but went to {dest}")
+            self.route_target = None
+        self._close_span(ts, trigger, dest)
+        self.in_state = False
+        self.expect_entry = dest
+        # Operations never outlive their state (the recovery protocol runs inside a handler).
+        self.ops.clear()
+        self.state_failures = []
+
+    # --- failures and the recovery protocol ---
+    def on_tool_failure(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        message = _s(e.get("message"))
+        if message is not None and len(message) > _MESSAGE_LIMIT:
+            message = message[:_MESSAGE_LIMIT] + "..."
+        task = _s(e.get("task_seq"))
+        failure = Failure(seq, _s(ts), _s(e.get("state")), _s(e.get("tool")), task, _s(e.get("op_id")),
+                          _i(e.get("attempt")), _s(e.get("error_type")), message, self.run_index)
+        self.r.failures.append(failure)
+        if seq is not None:
+            self.unclassified[seq] = failure
+        self.state_failures.append(failure)
+        op = failure.op_id
+        if op:
+            state = self.ops.get(op)
+            if state is None:
+                self.ops[op] = _Op(task, failure)
+            else:
+                state.failure = failure
+        if task is not None:
+            self.task_failures[task] = failure
+            attempt = self.running.get(task)
+            if attempt is not None and seq is not None:
+                attempt.failures.append(seq)
+
+    def on_failure_classified(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        failure = self.unclassified.pop(_i(e.get("failure_seq")), None)
+        if failure is None:
+            self.violation(seq, "classify_before_act",
+                           f"classification of failure {e.get('failure_seq')}, which is unknown or "
+                           "already classified")
+            return
+        failure.klass, failure.decision, failure.classified_seq = _s(e.get("klass")), _s(e.get("decision")), seq
+        registry = REGISTRY.get(str(failure.error_type))
+        if registry is not None and failure.klass and failure.klass != registry.klass.value:
+            self.violation(seq, "classify_before_act",
+                           f"{failure.error_type} classified {failure.klass}; the registry says "
+                           f"{registry.klass.value}")
+
+    def _unclassified_of(self, op: str | None, task: str | None) -> Failure | None:
+        for failure in self.unclassified.values():
+            if (op is not None and failure.op_id == op) or (
+                    op is None and task is not None and failure.task_seq == task):
+                return failure
+        return None
+
+    def on_retry(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        op, task = _s(e.get("op_id")), _s(e.get("task_seq"))
+        self.r.retries.append({"seq": seq, "ts": _s(ts), "op_id": op, "tool": _s(e.get("tool")),
+                               "task_seq": task, "attempt": _i(e.get("attempt")),
+                               "wait_ms": _i(e.get("wait_ms")), "error_type": _s(e.get("error_type")),
+                               "run": self.run_index})
+        pending = self._unclassified_of(op, task)
+        if pending is not None:
+            self.violation(seq, "classify_before_act", f"RETRY before failure {pending.seq} was classified")
+        state = self.ops.get(op) if op else None
+        failure = state.failure if state is not None else None
+        if failure is None or failure.decision != "retry":
+            self.violation(seq, "emit_before_retry", f"RETRY of {op} without a failure classified retry")
+        if state is None:
+            return
+        state.retries += 1
+        if failure is not None:
+            failure.outcome, failure.outcome_seq = "retried", seq
+            if failure.klass == "structural":
+                self.violation(seq, "retry_limit", f"{failure.error_type} is structural; {op} was retried")
+                return
+            limit = self.flaky_retries if failure.error_type == "flaky_test" else self.transient_retries
+            if state.retries > limit:
+                self.violation(seq, "retry_limit", f"{state.retries} retries of {op} (limit {limit})")
+        attempt = self.running.get(task) if task is not None else None
+        if attempt is not None:
+            attempt.retries += 1
+
+    def on_recovery_attempt(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        op, task = _s(e.get("op_id")), _s(e.get("task_seq"))
+        strategy, success = _s(e.get("strategy")), e.get("success") is True
+        self.r.recoveries.append({"seq": seq, "ts": _s(ts), "strategy": strategy, "success": success,
+                                  "error_type": _s(e.get("error_type")), "task_seq": task, "op_id": op,
+                                  "state": _s(e.get("state")), "run": self.run_index})
+        pending = self._unclassified_of(op, task)
+        if pending is not None:
+            self.violation(seq, "classify_before_act",
+                           f"RECOVERY_ATTEMPT before failure {pending.seq} was classified")
+        failure: Failure | None = None
+        if op:
+            state = self.ops.get(op)
+            failure = state.failure if state is not None else None
+            if failure is None:
+                self.violation(seq, "emit_before_retry", f"recovery of {op} without a TOOL_FAILURE of it")
+        elif task is not None:
+            failure = self.task_failures.get(task)
+        if failure is not None:
+            failure.outcome = f"{'recovered' if success else 'failed'}:{strategy}"
+            failure.outcome_seq = seq
+        attempt = self.running.get(task) if task is not None else None
+        if attempt is not None and strategy:
+            attempt.recoveries.append(str(strategy))
+        if strategy == "replan" and success:
+            self.replan_open = True  # the merge may reopen blocked tasks
+
+    # --- ERROR ---
+    def on_error_route(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        if self.error is None:
+            self.violation(seq, "error_route", "ERROR_ROUTE outside ERROR")
+            return
+        error_type = self.error["error_type"] or "internal_error"
+        expected = kind(error_type).route.value
+        route = _s(e.get("route"))
+        allowed = {expected}
+        if self.error_entries > _MAX_ERROR_ENTRIES:
+            allowed.add(Route.SUMMARY.value)
+        if expected == Route.PLAN.value and self.error_origin not in ("EXPLORE", None):
+            allowed.add(Route.SUMMARY.value)
+        if expected == Route.CASCADE.value and self.flow == "task":
+            allowed.add(Route.OBSERVE.value)
+        if route not in allowed:
+            self.violation(seq, "error_route", f"{error_type} routed to {route}, registry says {expected}")
+        if self.error["error_type"] and e.get("error_type") not in (None, self.error["error_type"]):
+            self.violation(seq, "error_route", f"ERROR_ROUTE names {e.get('error_type')}, ERROR was "
+                                               f"entered with {self.error['error_type']}")
+        self.route_target = _ROUTE_TARGETS.get(str(route))
+        self.error = None
+
+    def on_return(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         self.returned = True
-        if not e.get("summary"):
-            self.violation(e, "ends_properly", "RETURN without a summary")
+        summary = e.get("summary")
+        self.r.summary = summary if isinstance(summary, dict) else None
+        if not summary:
+            self.violation(seq, "ends_properly", "RETURN without a summary")
+        if self.route_target is not None:
+            self.violation(seq, "error_route", f"RETURN after a route to {self.route_target}")
+            self.route_target = None
 
-    def on_task_start(self, e: dict[str, Any]) -> None:
+    # --- tasks ---
+    def _task(self, seq: str) -> TaskInfo:
+        info = self.r.tasks.get(seq)
+        if info is None:
+            info = self.r.tasks[seq] = TaskInfo(seq)
+        return info
+
+    def on_plan_registered(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        depends = e.get("depends") if isinstance(e.get("depends"), dict) else {}
+        slugs = e.get("slugs") if isinstance(e.get("slugs"), dict) else {}
+        for task in [str(t) for t in _list(e.get("seqs")) if isinstance(t, (str, int))] or list(depends):
+            info = self._task(task)
+            if task in depends:
+                info.depends = [str(d) for d in _list(depends[task])]
+            info.slug = _s(slugs.get(task, info.slug))
+
+    def on_task_start(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         task = str(e.get("task_seq") or "")
-        if task in self.completed:
-            self.violation(e, "task_transitions", f"task {task} started again after completing")
+        info = self._task(task)
+        if info.slug is None:
+            workspace = str(e.get("workspace_id") or "")
+            info.slug = workspace[len(task) + 1:] if workspace.startswith(task + "-") else None
         if task in self.running:
-            self.violation(e, "task_transitions", f"task {task} started twice")
-        attempt = TaskAttempt(task, e.get("worker"), e.get("attempt"), e.get("ts"))
+            self.violation(seq, "task_transitions", f"task {task} started twice")
+        elif info.status == "complete":
+            self.violation(seq, "task_transitions", f"task {task} started again after completing")
+        elif info.status == "blocked" and not self.replan_open:
+            self.violation(seq, "task_transitions", f"task {task} started while blocked, without a re-plan")
+        if info.depends:
+            open_deps = [d for d in info.depends
+                         if d in self.r.tasks and self.r.tasks[d].status not in ("complete", "interrupted")]
+            if open_deps:
+                self.violation(seq, "task_transitions",
+                               f"task {task} started before {', '.join(open_deps)} completed")
+        attempt = TaskAttempt(task, _s(e.get("worker")), _i(e.get("attempt")), _s(ts), seq, self.run_index)
         self.running[task] = attempt
         self.r.attempts.append(attempt)
+        info.status, info.attempts = "running", info.attempts + 1
+        info.blocked_by, info.error_type, info.reason = [], None, None
 
-    def on_task_end(self, e: dict[str, Any]) -> None:
+    def on_task_end(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         task = str(e.get("task_seq") or "")
         attempt = self.running.pop(task, None)
         if attempt is None:
-            self.violation(e, "task_transitions", f"task {task} ended without a start")
+            self.violation(seq, "task_transitions", f"task {task} ended without a start")
             return
-        attempt.end, attempt.status, attempt.error_type = e.get("ts"), e.get("status"), e.get("error_type")
-        if e.get("status") == "complete":
-            self.completed.add(task)
+        status = _s(e.get("status"))
+        if status not in _ENDED_TASK:
+            self.violation(seq, "task_transitions", f"task {task} ended with unknown status {status}")
+        pending = self._unclassified_of(None, task)
+        if pending is not None:
+            self.violation(seq, "classify_before_act",
+                           f"task {task} ended before failure {pending.seq} was classified")
+        attempt.end, attempt.end_seq, attempt.status = _s(ts), seq, status
+        attempt.error_type = _s(e.get("error_type"))
+        attempt.duration_ms = _i(e.get("duration_ms"))
+        if attempt.duration_ms is None:
+            attempt.duration_ms = _ms_between(attempt.start, ts)
+        info = self._task(task)
+        info.status = "pending" if status == "cancelled" else str(status)
+        if status == "blocked":
+            info.error_type = _s(e.get("error_type"))
+            failure = self.task_failures.get(task)
+            info.reason = failure.message if failure is not None else None
+        self.task_failures.pop(task, None)
+        for op in [op for op, state in self.ops.items() if state.task_seq == task]:
+            del self.ops[op]
 
-    def on_cascade_propagate(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_PROPAGATE,
-                               "propagated": e.get("propagated", [])})
+    # --- cascade ---
+    def on_cascade_status(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.cascade.append({"seq": seq, "event": ev.CASCADE_STATUS, "cascade_state": _s(e.get("cascade_state")),
+                               "unreachable": _list(e.get("unreachable"))})
 
-    def on_cascade_replan(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_REPLAN, "affected": e.get("affected")})
+    def on_cascade_analysis(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.cascade.append({"seq": seq, "event": ev.CASCADE_ANALYSIS,
+                               "recommendation": _s(e.get("recommendation")), "roots": _list(e.get("roots"))})
 
-    def on_cascade_status(self, e: dict[str, Any]) -> None:
-        self.r.cascade.append({"seq": e.get("seq"), "event": ev.CASCADE_STATUS,
-                               "cascade_state": e.get("cascade_state"),
-                               "unreachable": e.get("unreachable", [])})
+    def on_cascade_replan(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.cascade.append({"seq": seq, "event": ev.CASCADE_REPLAN, "affected": e.get("affected")})
+
+    def on_cascade_merge_failed(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.cascade.append({"seq": seq, "event": ev.CASCADE_MERGE_FAILED,
+                               "error_type": e.get("error_type"), "error": e.get("error")})
+
+    def on_cascade_propagate(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        propagated = _list(e.get("propagated"))
+        self.r.cascade.append({"seq": seq, "event": ev.CASCADE_PROPAGATE, "propagated": propagated})
+        for item in propagated:
+            if not isinstance(item, dict):
+                continue
+            info = self._task(str(item.get("seq")))
+            if info.status == "complete":
+                self.violation(seq, "task_transitions", f"complete task {info.seq} propagated as blocked")
+                continue
+            info.status = "blocked"
+            info.blocked_by = [str(root) for root in _list(item.get("blocked_by"))]
+
+    def on_log_repaired(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.repaired.append({"seq": seq, "truncated_bytes": e.get("truncated_bytes")})
 
     def finish(self) -> None:
-        for failure in self.unclassified.values():
-            self.violation(failure, "classify_before_act", "failure never classified")
+        r = self.r
+        if self.segment is None:
+            self.violation(None, "ends_properly", "the log holds no RUN_START")
+            return
         if not self.ended:
+            for failure in self.unclassified.values():
+                failure.outcome = failure.outcome or "interrupted"
             self.violation(None, "ends_properly", "the log ends without RUN_END (crashed, not resumed)")
-        elif self.r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled"):
-            self.violation(None, "ends_properly", f"unknown outcome {self.r.outcome}")
+            self.segment.interrupted_state = self.state
+            self.segment.interrupted_tasks = sorted(self.running, key=_seq_key)
+            if self.span is not None and self.span.end is None:
+                self.span.interrupted = True
+                self.span.duration_ms = _ms_between(self.span.start, r.last_ts)
+        elif r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled"):
+            self.violation(None, "ends_properly", f"unknown outcome {r.outcome}")
 
 
 def replay(paths: Iterable[Path]) -> Replay:
-    """Rebuild the run from ``paths`` (in order) and check every invariant."""
+    """Rebuild the run from ``paths`` (read in the order given) and check every invariant.
+
+    Args:
+        paths: one or more JSONL logs of one campaign, oldest first.
+
+    Returns:
+        The `Replay`; ``violations`` lists every broken rule with its seq. A torn last line is a
+        warning (``torn_tails``), never an error.
+
+    Raises:
+        OSError: a file cannot be read (the CLI checks existence first).
+    """
     result = Replay()
-    report = ev.ReadReport()
     checker = _Checker(result)
-    for event in ev.iter_many(paths, report):
-        checker.feed(event)
+    feed = checker.feed
+    for path in paths:
+        checker._file = Path(path).name
+        for event in stream([path], result):
+            feed(event)
     checker.finish()
-    result.torn_tail, result.invalid_lines = report.torn_tail, report.invalid_lines
     return result
 
 
+# ---------------------------------------------------------------------------------- text
+
+def _fmt_ms(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms} ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f} s"
+    return f"{ms / 60000:.1f} min"
+
+
 def render_text(result: Replay) -> str:
-    """A plain-text timeline for terminals and notes."""
-    lines = [f"campaign {result.campaign_id}: {result.events} events, outcome {result.outcome} "
-             f"(exit {result.exit_code})"]
-    if result.torn_tail:
-        lines.append("warning: the last line was torn (crash mid-write); it was skipped")
-    for boundary in result.crash_boundaries:
-        lines.append(f"crash boundary before seq {boundary} (the run was resumed)")
-    lines.append("states:")
+    """A plain-text postmortem for terminals and notes: outcome, warnings, runs and crash
+    boundaries, states with durations, every task attempt with its failures, the failures with
+    their classification and fate, the cascade roots, and the violations."""
+    out: list[str] = []
+    add = out.append
+    add(f"campaign {result.campaign_id}: {result.events} events, "
+        f"outcome {result.outcome or 'none (the log stops mid-run)'} (exit {result.exit_code}), "
+        f"{_fmt_ms(result.duration_ms)}")
+    if result.objective:
+        add(f"objective: {result.objective}")
+    for note in result.warnings():
+        add(f"warning: {note}")
+    if len(result.runs) > 1:
+        add("runs:")
+        for run in result.runs:
+            end = run.outcome or "CRASHED"
+            add(f"  run {run.index} ({'resume' if run.resume else 'start'}) seq {run.start_seq}-"
+                f"{run.end_seq or run.last_seq}: {end}")
+    for prev, nxt in zip(result.runs, result.runs[1:]):
+        if prev.crashed:
+            tasks = ", ".join(prev.interrupted_tasks) or "none"
+            add(f"crash boundary before seq {nxt.start_seq} (the run was resumed): last event "
+                f"seq {prev.last_seq} in {prev.interrupted_state or '-'}, tasks in flight: {tasks}")
+    add("states:")
     for s in result.states:
-        extra = f" error_type={s['error_type']}" if s.get("error_type") else ""
-        lines.append(f"  {s['state']:<9} {s['duration_ms'] if s['duration_ms'] is not None else '-':>8} ms{extra}")
-    lines.append("tasks:")
-    for a in result.attempts:
-        lines.append(f"  {a.seq} attempt {a.attempt} on {a.worker}: {a.status or 'interrupted'}"
-                     + (f" ({a.error_type})" if a.error_type else ""))
+        extra = f" error_type={s.error_type}" if s.error_type else ""
+        leave = f" -> {s.to} ({s.trigger})" if s.trigger else (" (cut by crash)" if s.interrupted else "")
+        add(f"  seq {s.seq!s:>5} {s.state:<9} {_fmt_ms(s.duration_ms):>9}{leave}{extra}"
+            + (" [resumed]" if s.resumed else ""))
+    if result.attempts:
+        add("tasks:")
+        for a in result.attempts:
+            status = a.status or "interrupted"
+            line = (f"  {a.seq} attempt {a.attempt} on {a.worker}: {status} "
+                    f"({_fmt_ms(a.duration_ms)})")
+            if a.error_type:
+                line += f" {a.error_type}"
+            if a.retries:
+                line += f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}"
+            if a.failures:
+                line += f", failures at seq {', '.join(map(str, a.failures))}"
+            add(line)
     if result.failures:
-        lines.append("failures:")
+        add("failures:")
         for f in result.failures:
-            lines.append(f"  seq {f['seq']} {f['tool']} {f['error_type']} [{f['klass']}] -> {f['decision']}")
+            where = f"task {f.task_seq} " if f.task_seq else ""
+            add(f"  seq {f.seq} {f.state} {where}{f.tool} attempt {f.attempt}: {f.error_type} "
+                f"[{f.klass or 'unclassified'}] -> {f.decision or '-'}"
+                + (f", {f.outcome}" if f.outcome else ""))
     if result.retries:
-        lines.append("retries:")
+        add("retries:")
         for r in result.retries:
-            lines.append(f"  seq {r['seq']} {r['tool']} attempt {r['attempt']} after {r['wait_ms']} ms")
+            add(f"  seq {r['seq']} {r['tool']} attempt {r['attempt']} after {r['wait_ms']} ms "
+                f"({r['error_type']})")
     if result.recoveries:
-        lines.append("recoveries:")
+        add("recoveries:")
         for r in result.recoveries:
-            lines.append(f"  seq {r['seq']} {r['strategy']} success={r['success']}")
+            task = f" task {r['task_seq']}" if r.get("task_seq") else ""
+            add(f"  seq {r['seq']} {r['strategy']}{task} success={r['success']}")
+    blocks = result.blocks()
+    if blocks:
+        add("cascade:")
+        for block in blocks:
+            cause = f"{block['error_type']}: {block['reason']}" if block["error_type"] else "blocked"
+            cause = cause.splitlines()[0] if cause else cause
+            add(f"  root {block['root']} ({cause})")
+            if block["blocked"]:
+                add(f"    blocks {', '.join(block['blocked'])}")
     if result.violations:
-        lines.append(f"violations ({len(result.violations)}):")
+        add(f"violations ({len(result.violations)}):")
         for v in result.violations:
-            lines.append(f"  seq {v.seq}: [{v.rule}] {v.message}")
+            add(f"  seq {v.seq}: [{v.rule}] {v.message}")
     else:
-        lines.append("invariants: all hold")
+        add("invariants: all hold")
+    return "\n".join(out) + "\n"
+
+
+# ---------------------------------------------------------------------------------- decision diff
+
+# Fields that make up each event's decision; everything else (ts, seq, durations, workers, op
+# ids, pids, macro ids, messages with paths) is ignored when two runs are compared.
+DECISION_FIELDS: dict[str, tuple[str, ...]] = {
+    ev.STATE_ENTRY: ("state", "error_type"),
+    ev.PHASE_TRANSITION: ("from", "trigger", "to"),
+    ev.TOOL_CALL: ("state", "intent", "tool"),
+    ev.TOOL_FAILURE: ("state", "tool", "attempt", "error_type"),
+    ev.FAILURE_CLASSIFIED: ("error_type", "klass", "decision"),
+    ev.RETRY: ("tool", "attempt", "error_type"),
+    ev.RECOVERY_ATTEMPT: ("strategy", "success", "error_type"),
+    ev.READY_TASKS: ("seqs",),
+    ev.TASK_START: (),
+    ev.TASK_END: ("status", "error_type"),
+    ev.EXPLORER_RESULT: ("mode", "status"),
+    ev.PARTIAL_FAILURE: ("missing",),
+    ev.PLAN_DECISION: ("decision", "tool"),
+    ev.PLAN_VALIDATION_FAILED: (),
+    ev.PLAN_REGISTERED: ("seqs",),
+    ev.CASCADE_STATUS: ("cascade_state", "unreachable"),
+    ev.CASCADE_ANALYSIS: ("recommendation", "roots"),
+    ev.CASCADE_REPLAN: ("affected",),
+    ev.CASCADE_MERGE_FAILED: ("error_type",),
+    ev.CASCADE_PROPAGATE: ("propagated",),
+    ev.OBSERVATION: ("skipped",),
+    ev.ERROR_ROUTE: ("error_type", "route"),
+    ev.RETURN: ("reason", "route"),
+    ev.RUN_END: ("outcome", "exit_code"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One decision of a run: its lane, its event and the fields that define it."""
+
+    lane: str
+    event: str
+    fields: tuple[tuple[str, str], ...]
+    seq: int | None
+
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (self.event, self.fields)
+
+    def describe(self) -> str:
+        body = ", ".join(f"{k}={v}" for k, v in self.fields)
+        return f"{self.event}({body})"
+
+
+def _lane(e: dict[str, Any]) -> str:
+    """Which ordered lane a decision belongs to: parallel work (tasks, explorer modes) has its
+    own lane, so a different interleaving of the same decisions is not a difference."""
+    task = e.get("task_seq")
+    if task is not None:
+        return f"task {task}"
+    tool = e.get("tool")
+    if isinstance(tool, str) and tool.startswith("explore_"):
+        return f"explorer {tool[len('explore_'):]}"
+    if e.get("event") in (ev.EXPLORER_RESULT, ev.RECOVERY_ATTEMPT) and e.get("mode"):
+        return f"explorer {e['mode']}"
+    return "run"
+
+
+def _field_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def decisions(paths: Iterable[Path]) -> Iterator[Decision]:
+    """Stream the decisions of a story (`DECISION_FIELDS`); RUN_START, RESUME and a resumed
+    run's re-entry of its state are not decisions and are skipped."""
+    for e in stream(paths):
+        name = e.get("event")
+        wanted = DECISION_FIELDS.get(name)
+        if wanted is None or (name == ev.STATE_ENTRY and e.get("resumed")):
+            continue
+        fields = tuple((k, _field_text(e.get(k))) for k in wanted)
+        seq = e.get("seq") if isinstance(e.get("seq"), int) else None
+        yield Decision(_lane(e), str(name), fields, seq)
+
+
+@dataclass
+class LaneDiff:
+    """Where one lane's decisions first differ: ``index`` into the lane, each side's decision
+    there (None when that side's lane ended), and a few decisions before it for context."""
+
+    lane: str
+    index: int
+    a: Decision | None
+    b: Decision | None
+    context: list[Decision]
+
+    def to_json(self) -> dict[str, Any]:
+        def one(d: Decision | None) -> dict[str, Any] | None:
+            return None if d is None else {"seq": d.seq, "event": d.event, "fields": dict(d.fields)}
+        return {"lane": self.lane, "index": self.index, "a": one(self.a), "b": one(self.b),
+                "context": [one(d) for d in self.context]}
+
+
+@dataclass
+class DecisionDiff:
+    """Result of `diff_decisions`: per-lane first differences, run lane first."""
+
+    a_count: int
+    b_count: int
+    lanes: list[LaneDiff]
+
+    @property
+    def same(self) -> bool:
+        return not self.lanes
+
+    def first(self) -> LaneDiff | None:
+        """The difference that comes first in run A's log (by seq)."""
+        def order(diff: LaneDiff) -> int:
+            side = diff.a or diff.b
+            return side.seq if side is not None and side.seq is not None else 1 << 62
+        return min(self.lanes, key=order) if self.lanes else None
+
+    def to_json(self) -> dict[str, Any]:
+        first = self.first()
+        return {"same": self.same, "decisions": {"a": self.a_count, "b": self.b_count},
+                "first": first.to_json() if first else None,
+                "lanes": [d.to_json() for d in self.lanes]}
+
+
+def diff_decisions(a_paths: Iterable[Path], b_paths: Iterable[Path], *, context: int = 3) -> DecisionDiff:
+    """Compare the decisions of two runs of the same plan (`decisions`), lane by lane.
+
+    Decisions are compared in order within a lane (the run lane: states, transitions,
+    campaign-level tools and cascade; one lane per task and per explorer mode), ignoring
+    timestamps, durations, worker names and op ids. Memory holds the compact decision tuples
+    of both runs, not their events.
+
+    Returns:
+        `DecisionDiff` with the first difference of every lane that differs (empty: same).
+    """
+    lanes_a: dict[str, list[Decision]] = {}
+    lanes_b: dict[str, list[Decision]] = {}
+    count_a = count_b = 0
+    for d in decisions(a_paths):
+        lanes_a.setdefault(d.lane, []).append(d)
+        count_a += 1
+    for d in decisions(b_paths):
+        lanes_b.setdefault(d.lane, []).append(d)
+        count_b += 1
+    diffs: list[LaneDiff] = []
+    for lane in sorted(set(lanes_a) | set(lanes_b), key=lambda name: (name != "run", name)):
+        xs, ys = lanes_a.get(lane, []), lanes_b.get(lane, [])
+        for index in range(max(len(xs), len(ys))):
+            x = xs[index] if index < len(xs) else None
+            y = ys[index] if index < len(ys) else None
+            if x is None or y is None or x.key() != y.key():
+                diffs.append(LaneDiff(lane, index, x, y, xs[max(0, index - context):index]))
+                break
+    return DecisionDiff(count_a, count_b, diffs)
+
+
+def render_diff_text(diff: DecisionDiff, a_name: str = "A", b_name: str = "B") -> str:
+    """The decision diff for a terminal: the first difference, then each differing lane."""
+    if diff.same:
+        return (f"same decisions: {diff.a_count} in {a_name}, {diff.b_count} in {b_name} "
+                "(timestamps, durations, workers and op ids ignored)\n")
+    lines = [f"decisions differ ({diff.a_count} in {a_name}, {diff.b_count} in {b_name}); "
+             f"{len(diff.lanes)} lane(s) differ"]
+    first = diff.first()
+    for d in [first] + [x for x in diff.lanes if x is not first]:
+        marker = "first difference" if d is first else "also"
+        lines.append(f"{marker}: lane '{d.lane}', decision #{d.index + 1}")
+        for c in d.context:
+            lines.append(f"    = seq {c.seq}: {c.describe()}")
+        lines.append(f"    {a_name}: " + (f"seq {d.a.seq}: {d.a.describe()}" if d.a else "(no more decisions)"))
+        lines.append(f"    {b_name}: " + (f"seq {d.b.seq}: {d.b.describe()}" if d.b else "(no more decisions)"))
     return "\n".join(lines) + "\n"

@@ -174,8 +174,14 @@ class Runner:
             FtlError(conflict): another campaign is active in this repository (resume or
                 finish it first).
         """
-        campaign = self.store.create_campaign(objective, flow=flow.value)
-        run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input)
+        # Connect first: a tool server that cannot be reached must not leave a campaign active.
+        client = self.client_factory(self.config, self.repo)
+        try:
+            campaign = self.store.create_campaign(objective, flow=flow.value)
+        except BaseException:
+            _close(client)
+            raise
+        run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input, client=client)
         run.log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
                      pid=os.getpid(), config=self.config.model_dump(mode="json"))
         self._save_inputs(run)
@@ -214,7 +220,7 @@ class Runner:
 
     # --- internals ---
     def _make_run(self, campaign: dict[str, Any], tracked: Tracked, plan_input: dict | None,
-                  revised_plan_input: dict | None) -> Run:
+                  revised_plan_input: dict | None, client: Any = None) -> Run:
         campaign_id = campaign["id"]
         log = ev.EventLog(ev.log_path(self.repo, campaign_id), campaign_id)
         if self.on_event:
@@ -224,7 +230,7 @@ class Runner:
                              flaky_retries=self.config.flaky_verify_retries,
                              backoff_min_s=self.config.retry_backoff_min_s,
                              backoff_max_s=self.config.retry_backoff_max_s)
-        client = self.client_factory(self.config, self.repo)
+        client = client if client is not None else self.client_factory(self.config, self.repo)
         return Run(repo=self.repo, store=self.store, config=self.config, log=log,
                    tools=ToolClient(client, log),
                    recovery=RecoveryProtocol(log, policy, sleep=self.sleep, cancel=cancel),
@@ -297,8 +303,10 @@ class Runner:
 
     def _finish(self, run: Run, finish: Finish) -> RunResult:
         status = "complete" if finish.outcome.startswith("complete") else "returned"
-        self.store.finish_campaign(run.campaign_id, status, finish.summary)
+        # Event before action: a kill between the two leaves an active campaign whose resume
+        # finishes it again, never a finished campaign whose log has no RUN_END.
         run.log.emit(ev.RUN_END, outcome=finish.outcome, exit_code=finish.exit_code)
+        self.store.finish_campaign(run.campaign_id, status, finish.summary)
         run.log.close()
         _close(run.tools.client)
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,

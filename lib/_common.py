@@ -48,6 +48,7 @@ from typing import Any, Callable, NoReturn  # noqa: E402
 import click  # noqa: E402
 
 from ftl import envelope  # noqa: E402
+from ftl.clickutil import usage_error
 from ftl.replan import replan_input  # noqa: F401 - re-exported for the scripts
 from ftl.errors import FtlError  # noqa: E402
 from ftl.models import normalize_seq  # noqa: E402
@@ -115,19 +116,7 @@ def violation(path: str, message: str, fix: str) -> FtlError:
 
 
 def _usage_error(exc: click.ClickException) -> FtlError:
-    text = exc.format_message().strip()
-    if isinstance(exc, click.exceptions.NoArgsIsHelpError):
-        text = "no command given"
-    ctx = getattr(exc, "ctx", None)
-    command = ctx.command_path if ctx is not None else "the script"
-    param = getattr(exc, "param", None)
-    path = "argv"
-    if param is not None:
-        path = f"--{param.name.replace('_', '-')}" if isinstance(param, click.Option) else param.name.upper()
-    first_line = text.splitlines()[0] if text else "invalid command line"
-    return FtlError("schema_invalid", {"count": 1, "violations": [
-        {"path": path, "message": first_line, "fix": f"run `{command} --help` for the usage"}]},
-        message=f"Bad command line: {first_line}")
+    return usage_error(exc)
 
 
 def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:

@@ -81,7 +81,7 @@ def add_tasks(env: Env) -> Reply:
 
 
 def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
-    """The store's invalid_state refusal as a user-facing CONFLICT with the legal moves."""
+    """The store's invalid_state refusal as a user-facing illegal_transition with the legal moves."""
     from ftl.models import TaskStatus
     from ftl.store import TRANSITIONS
 
@@ -98,7 +98,10 @@ def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
                        if frm.value == current and reason is None)
         text = (f"Task {seq} cannot go {current} -> {target}; from {current} it can go to "
                 f"{', '.join(moves) or 'nothing (final)'}.")
-    return FtlError("conflict", {"what": text}, message=text)
+    moves = sorted(to.value for (frm, to), reason in TRANSITIONS.items()
+                   if frm.value == current and reason is None)
+    return FtlError("illegal_transition", {"what": text, "seq": seq, "from_status": current,
+                                           "to_status": target, "legal_moves": moves}, message=text)
 
 
 @command(cli, "update-task")

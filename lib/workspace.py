@@ -66,13 +66,14 @@ def _find(env: Env, campaign_id: str, ref: str) -> dict:
 
 
 def _start(env: Env, cid: str, seq: str) -> dict:
-    """pending -> running, as a CONFLICT naming the open dependencies when they are not complete."""
+    """pending -> running; refused as illegal_transition naming the open dependencies."""
     try:
         return env.store.transition_task(cid, seq, "running", worker=WORKER)
     except FtlError as error:
         if error.error_type != "invalid_state":
             raise
-        raise FtlError("conflict", {"what": error.message}, message=error.message) from None
+        raise FtlError("illegal_transition", {"what": error.message, "seq": seq, "to_status": "running"},
+                       message=error.message) from None
 
 
 def _create_one(env: Env, cid: str, plan, seq: str) -> dict:

@@ -46,7 +46,9 @@ def enter(run: Run) -> Next:
     if plan is None:
         raise FtlError("invalid_state", {"trigger": "build", "state": "BUILD"})
     if not run.store.tasks(run.campaign_id):
-        run.log.emit(ev.PLAN_REGISTERED, tasks=len(plan.tasks), seqs=[t.seq for t in plan.tasks])
+        from ftl.states.register import registered
+
+        run.log.emit(ev.PLAN_REGISTERED, **registered(plan))
         run.store.add_tasks(run.campaign_id, plan)
     run_dag(run, jobs=1)
     return Next("observe")

@@ -16,6 +16,7 @@ from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.runner import Next, Run
 from ftl.replan import replan_input
+from ftl.states.register import registered
 from ftl.tools import fact
 from ftl.validation import parse_plan
 
@@ -51,6 +52,7 @@ def enter(run: Run) -> Next:
             run.current_plan = run.store.get_plan(run.campaign_id)
             run.replan_ok = True
             run.recovery.recovery(strategy="replan", success=True, **merge)
+            run.log.emit(ev.PLAN_REGISTERED, replan=True, **registered(run.current_plan))
             return Next("execute")
 
     propagated = dag.propagate_blocks(deps, status)

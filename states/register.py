@@ -6,9 +6,12 @@ add-tasks replaced the task list and lost progress; ftl refuses to).
 
 from __future__ import annotations
 
+from typing import Any
+
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
+from ftl.models import Plan
 from ftl.runner import Next, Run
 
 
@@ -21,7 +24,14 @@ def enter(run: Run) -> Next:
     if cycle:
         raise FtlError("cycle_detected", {"cycle": dag.format_cycle(cycle)})
     if not run.store.tasks(run.campaign_id):
-        run.log.emit(ev.PLAN_REGISTERED, tasks=len(plan.tasks),
-                     seqs=[task.seq for task in plan.tasks])
+        run.log.emit(ev.PLAN_REGISTERED, **registered(plan))
         run.store.add_tasks(run.campaign_id, plan)
     return Next("execute")
+
+
+def registered(plan: Plan) -> dict[str, Any]:
+    """``PLAN_REGISTERED`` fields: the task count, seqs, slugs and dependencies, so that a
+    postmortem can draw the DAG from the log alone."""
+    return {"tasks": len(plan.tasks), "seqs": [task.seq for task in plan.tasks],
+            "slugs": {task.seq: task.slug for task in plan.tasks},
+            "depends": {task.seq: list(task.depends) for task in plan.tasks}}

@@ -171,8 +171,9 @@ def test_campaign_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
     assert bad_json["details"]["violations"][0]["line"] == 1
     assert null_plan["error_code"] == "VALIDATION_ERROR"
     assert twice["error_code"] == "CONFLICT"  # add-tasks never resets progress (FTL did)
-    assert illegal["error_code"] == "CONFLICT" and "running" in illegal["details"]["what"]
-    assert not_ready["error_code"] == "CONFLICT" and "002" in not_ready["details"]["what"]
+    assert illegal["error_code"] == "INVALID_STATE_TRANSITION" and "running" in illegal["details"]["what"]
+    assert illegal["details"]["legal_moves"] == ["blocked", "running"]
+    assert not_ready["error_code"] == "INVALID_STATE_TRANSITION" and "002" in not_ready["details"]["what"]
     assert unknown_seq["error_code"] == "NOT_FOUND"
     assert bad_status["details"]["violations"][0]["path"] == "STATUS"
     assert second["error_code"] == "CONFLICT"
@@ -235,8 +236,8 @@ def test_workspace_refuses_bad_input_with_exit_2(tmp_path: Path) -> None:
         lambda: refused(tmp_path, "workspace", "parse", "009-nothing"),
         lambda: refused(tmp_path, "workspace", "list", "--status", "sleeping"))
     codes = [e["error_code"] for e in errors]
-    assert codes == ["CONFLICT", "NOT_FOUND", "CONFLICT", "CONFLICT", "VALIDATION_ERROR", "NOT_FOUND",
-                     "VALIDATION_ERROR"]
+    assert codes == ["CONFLICT", "NOT_FOUND", "INVALID_STATE_TRANSITION", "CONFLICT", "VALIDATION_ERROR",
+                     "NOT_FOUND", "VALIDATION_ERROR"]
 
 
 # --------------------------------------------------------------------------- plan.py

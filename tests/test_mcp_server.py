@@ -54,15 +54,20 @@ def make_server(repo: Path, *, runner_factory: Any = None, metrics: Metrics | No
 
 
 def session(server: FtlMcpServer, calls: list[tuple[str, dict[str, Any]]], *, mode: str = "legacy",
-            meta: dict[str, Any] | None = None) -> list[Any]:
-    """Connect the SDK client, make each call; each answer is a CallToolResult or an MCPError."""
+            meta: dict[str, Any] | None = None, progress: list[tuple] | None = None) -> list[Any]:
+    """Connect the SDK client, make each call; each answer is a CallToolResult or an MCPError.
+    Progress notifications are appended to ``progress`` when it is given."""
     answers: list[Any] = []
+
+    async def on_progress(value: float, total: float | None, message: str | None) -> None:
+        progress.append((value, total, message))
 
     async def main() -> None:
         async with Client(server.server, mode=mode) as client:
             for name, args in calls:
                 try:
-                    answers.append(await client.call_tool(name, args, meta=meta))
+                    answers.append(await client.call_tool(
+                        name, args, meta=meta, progress_callback=on_progress if progress is not None else None))
                 except MCPError as error:
                     answers.append(error)
 
@@ -170,7 +175,12 @@ def test_campaign_lifecycle_through_mcp(tmp_path: Path) -> None:
     write(repo, "plan.json", plan(task("001"), task("002", ["001"], verify="false"), task("003", ["002"])))
     metrics = Metrics()
     server = make_server(repo, metrics=metrics)
-    run = envelope_of(one(server, "campaign_run", {"plan": "plan.json", "jobs": 2}), is_error=False)
+    progress: list[tuple] = []
+    run = envelope_of(one(server, "campaign_run", {"plan": "plan.json", "jobs": 2}, progress=progress),
+                      is_error=False)
+    assert [value for value, _, _ in progress] == list(range(1, len(progress) + 1))  # increasing
+    messages = [message for _, _, message in progress]
+    assert "state EXECUTE" in messages and "task 001 complete" in messages
     cid = run["data"]["campaign_id"]
     assert run["data"]["outcome"] == "complete_with_blocked" and run["data"]["exit_code"] == 3
     assert [w["code"] for w in run["meta"]["warning_details"]] == ["PARTIAL_FAILURE"]

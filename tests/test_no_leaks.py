@@ -204,9 +204,6 @@ def test_every_ftl_json_command_fails_cleanly(tmp_path: Path) -> None:
         assert_clean(result.stdout + result.stderr, tmp_path, where)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "ftl/cli.py: click usage errors (a directory for LOGS, a non-integer --jobs) print click's "
-    "text, echoing the value, instead of a --json envelope; lib/_common.run shows the fix"))
 def test_ftl_usage_errors_under_json_are_clean_envelopes(tmp_path: Path) -> None:
     runner = CliRunner()
     for case in (("replay", str(tmp_path), "--json"),

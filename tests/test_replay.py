@@ -1,20 +1,30 @@
 """Tests for ftl.replay: hand-built logs in tests/logs/ (one clean run, one file per planted
-violation, a crash and its resume, a torn tail) and a log written by the real recovery protocol."""
+violation, a crash and its resume, a torn tail), two real logs of the failure drill (a clean run
+and a run killed mid-EXECUTE then resumed into the same file), logs built here to break one rule
+at a time, a log written by the real recovery protocol, the decision diff, the CLI, and a
+fuzz that feeds replay arbitrary events."""
 
 from __future__ import annotations
 
 import json
 import threading
+import tracemalloc
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ftl import events as ev
+from ftl.cli import main as ftl_main
 from ftl.errors import FtlError
 from ftl.recovery import RecoveryProtocol, RetryPolicy, escalate_flaky
-from ftl.replay import Replay, render_text, replay
+from ftl.replay import RULES, Replay, diff_decisions, render_diff_text, render_text, replay
 
 LOGS = Path(__file__).parent / "logs"
+DRILL = LOGS / "drill.jsonl"
+CRASH = LOGS / "drill_crash_resume.jsonl"
 
 
 def _rules(result: Replay) -> list[tuple[str, int | None]]:
@@ -30,7 +40,61 @@ def _lines(name: str) -> list[dict]:
     return [json.loads(line) for line in (LOGS / name).read_text().splitlines()]
 
 
-# --------------------------------------------------------------------------- the clean run
+class _Log:
+    """Builds a log record by record (seq and ts filled in), for one-rule-at-a-time tests."""
+
+    def __init__(self, mode: str = "campaign", **start: object) -> None:
+        self.records: list[dict] = []
+        self.state: str | None = None
+        self.add(ev.RUN_START, state=None, mode=mode, objective="o", resume=False, **start)
+
+    def add(self, event: str, **fields: object) -> dict:
+        fields.setdefault("state", self.state)
+        record = {"seq": len(self.records) + 1, "ts": f"2026-11-21T10:00:{len(self.records):02d}.000Z",
+                  "campaign_id": "c-built", "event": event, **fields}
+        self.records.append(record)
+        return record
+
+    def enter(self, state: str, **fields: object) -> dict:
+        self.state = state
+        return self.add(ev.STATE_ENTRY, state=state, **fields)
+
+    def move(self, trigger: str, to: str, **entry: object) -> None:
+        self.add(ev.PHASE_TRANSITION, **{"from": self.state.lower(), "to": to.lower(), "trigger": trigger})
+        self.enter(to, **entry)
+
+    def to_execute(self, depends: dict[str, list[str]] | None = None) -> "_Log":
+        self.enter("INIT")
+        self.move("explore", "EXPLORE")
+        self.move("plan", "PLAN")
+        self.move("register", "REGISTER")
+        depends = depends or {"001": []}
+        self.add(ev.PLAN_REGISTERED, tasks=len(depends), seqs=list(depends), depends=depends,
+                 slugs={s: f"task-{s}" for s in depends})
+        self.move("execute", "EXECUTE")
+        return self
+
+    def failure(self, op: str, task: str | None, error_type: str, klass: str, decision: str,
+                **extra: object) -> dict:
+        failure = self.add(ev.TOOL_FAILURE, op_id=op, tool="run_verify", task_seq=task, attempt=1,
+                           error_type=error_type, message=f"{error_type} happened")
+        self.add(ev.FAILURE_CLASSIFIED, op_id=op, task_seq=task, failure_seq=failure["seq"],
+                 error_type=error_type, klass=klass, decision=decision, **extra)
+        return failure
+
+    def finish_clean(self) -> "_Log":
+        self.move("cascade", "CASCADE")
+        self.add(ev.CASCADE_STATUS, cascade_state="none", unreachable=[])
+        self.move("observe", "OBSERVE")
+        self.move("complete", "COMPLETE")
+        self.add(ev.RUN_END, outcome="complete", exit_code=0)
+        return self
+
+    def replay(self, tmp_path: Path, name: str = "built.jsonl") -> Replay:
+        return replay([_write(tmp_path / name, self.records)])
+
+
+# --------------------------------------------------------------------------- the clean runs
 
 def test_clean_run_has_no_violations() -> None:
     result = replay([LOGS / "clean.jsonl"])
@@ -38,19 +102,22 @@ def test_clean_run_has_no_violations() -> None:
     assert (result.campaign_id, result.events, result.outcome, result.exit_code) == \
         ("c-clean", 30, "complete", 0)
     assert not result.torn_tail and result.invalid_lines == [] and result.crash_boundaries == []
+    assert "invariants: all hold" in render_text(result)
 
 
 def test_clean_run_timeline() -> None:
     result = replay([LOGS / "clean.jsonl"])
-    assert [s["state"] for s in result.states] == [
+    assert [s.state for s in result.states] == [
         "INIT", "EXPLORE", "PLAN", "REGISTER", "EXECUTE", "CASCADE", "OBSERVE", "COMPLETE"]
-    # ts advances 100 ms per seq; a state lasts from its entry to the next entry (or RUN_END).
-    assert [s["duration_ms"] for s in result.states] == [200, 300, 300, 300, 1000, 300, 300, 100]
+    # ts advances 100 ms per seq; a state lasts from its entry to its PHASE_TRANSITION (RUN_END).
+    assert [s.duration_ms for s in result.states] == [100, 200, 200, 200, 900, 200, 200, 100]
+    assert [(s.trigger, s.to) for s in result.states][:2] == [("explore", "EXPLORE"), ("plan", "PLAN")]
     (attempt,) = result.attempts
     assert (attempt.seq, attempt.worker, attempt.attempt, attempt.status) == ("001", "w1", 1, "complete")
+    assert attempt.failures == [17] and attempt.retries == 1
     (failure,) = result.failures
-    assert (failure["seq"], failure["error_type"], failure["klass"], failure["decision"]) == \
-        (17, "network_error", "transient", "retry")
+    assert (failure.seq, failure.error_type, failure.klass, failure.decision, failure.outcome) == \
+        (17, "network_error", "transient", "retry", "retried")
     (retry,) = result.retries
     assert (retry["seq"], retry["attempt"], retry["wait_ms"], retry["op_id"]) == (19, 2, 500, "op1")
     assert result.cascade == [{"seq": 24, "event": ev.CASCADE_STATUS, "cascade_state": "none",
@@ -62,9 +129,30 @@ def test_returned_from_error_with_a_summary_is_clean() -> None:
     result = replay([LOGS / "returned_from_error.jsonl"])
     assert result.violations == []
     assert result.outcome == "returned" and result.exit_code == 4
-    assert result.states[-1]["state"] == "ERROR"
-    assert result.states[-1]["error_type"] == "schema_invalid"
-    assert result.failures[0]["decision"] == "error"
+    assert result.states[-1].state == "ERROR" and result.states[-1].error_type == "schema_invalid"
+    assert result.failures[0].decision == "error" and result.failures[0].outcome == "error"
+    assert result.summary["message"].startswith("Returned from ERROR")
+
+
+def test_the_real_failure_drill_log_is_rebuilt() -> None:
+    result = replay([DRILL])
+    assert result.violations == [] and result.outcome == "complete_with_blocked" and result.exit_code == 3
+    assert [s.state for s in result.states] == [
+        "INIT", "EXPLORE", "PLAN", "REGISTER", "EXECUTE", "CASCADE", "OBSERVE", "COMPLETE"]
+    statuses = {t.seq: (t.status, t.blocked_by) for t in result.ordered_tasks()}
+    assert statuses == {"001": ("complete", []), "002": ("blocked", []), "003": ("blocked", ["002"]),
+                        "004": ("blocked", ["002"]), "005": ("complete", []), "006": ("complete", [])}
+    assert result.tasks["004"].depends == ["003", "006"] and result.tasks["002"].slug == "yaml-export"
+    flaky, missing = result.failures
+    assert (flaky.task_seq, flaky.error_type, flaky.klass, flaky.decision, flaky.outcome) == \
+        ("001", "flaky_test", "transient", "retry", "retried")
+    assert (missing.task_seq, missing.error_type, missing.klass, missing.outcome) == \
+        ("002", "dependency_missing", "structural", "recovered:block_task")
+    (block,) = result.blocks()
+    assert (block["root"], block["error_type"], block["blocked"]) == ("002", "dependency_missing", ["003", "004"])
+    assert "ModuleNotFoundError" in block["reason"]
+    text = render_text(result)
+    assert "root 002 (dependency_missing" in text and "blocks 003, 004" in text
 
 
 # --------------------------------------------------------------------------- planted violations
@@ -92,6 +180,7 @@ def test_each_planted_violation_is_reported_with_rule_and_seq(name: str, expecte
     assert f"violations ({len(expected)}):" in text
     for rule, seq in expected:
         assert f"seq {seq}: [{rule}]" in text
+        assert rule in RULES
 
 
 def test_planted_logs_differ_from_the_clean_run_only_where_planted() -> None:
@@ -127,7 +216,8 @@ def test_leaving_error_without_a_route_is_reported(tmp_path: Path) -> None:
 def test_a_failure_never_classified_is_reported(tmp_path: Path) -> None:
     records = [r for r in _lines("returned_from_error.jsonl") if r["event"] != ev.FAILURE_CLASSIFIED]
     result = replay([_write(tmp_path / "unclassified.jsonl", records)])
-    assert _rules(result) == [("classify_before_act", 8)]
+    # Going to ERROR is an action on the failure: reported there, and again at the end.
+    assert _rules(result) == [("classify_before_act", 10), ("classify_before_act", 8)]
 
 
 def test_a_task_still_running_at_the_end_is_reported(tmp_path: Path) -> None:
@@ -140,13 +230,193 @@ def test_a_completed_run_outside_complete_is_reported(tmp_path: Path) -> None:
     records = [r for r in _lines("clean.jsonl") if not (r["event"] == ev.STATE_ENTRY
                                                          and r["state"] == "COMPLETE")]
     result = replay([_write(tmp_path / "nocomplete.jsonl", records)])
-    assert _rules(result) == [("ends_properly", 30)]
+    assert ("ends_properly", 30) in _rules(result)
 
 
 def test_a_returned_run_without_return_is_reported(tmp_path: Path) -> None:
     records = [r for r in _lines("returned_from_error.jsonl") if r["event"] != ev.RETURN]
     result = replay([_write(tmp_path / "noreturn.jsonl", records)])
     assert _rules(result) == [("ends_properly", 14)]
+
+
+# --------------------------------------------------------------------------- one rule at a time
+
+def test_a_built_clean_log_is_clean(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    log.add(ev.TASK_END, task_seq="001", worker="w1", status="complete")
+    assert log.finish_clean().replay(tmp_path).violations == []
+
+
+def test_an_illegal_state_transition_is_reported(tmp_path: Path) -> None:
+    log = _Log()
+    log.enter("INIT")
+    log.move("explore", "EXPLORE")
+    log.move("plan", "PLAN")
+    log.move("execute", "EXECUTE")  # PLAN cannot go straight to EXECUTE
+    result = log.replay(tmp_path)
+    (violation,) = [v for v in result.violations if v.rule == "state_transitions"]
+    assert violation.seq == 7 and "PLAN -execute-> EXECUTE" in violation.message
+
+
+def test_entering_another_state_than_the_transition_named_is_reported(tmp_path: Path) -> None:
+    log = _Log()
+    log.enter("INIT")
+    log.add(ev.PHASE_TRANSITION, **{"from": "init", "to": "explore", "trigger": "explore"})
+    log.enter("PLAN")
+    assert ("state_transitions", 4) in _rules(log.replay(tmp_path))
+
+
+def test_the_task_flow_has_its_own_transitions(tmp_path: Path) -> None:
+    log = _Log(mode="task")
+    log.enter("INIT")
+    for trigger, state in (("explore", "EXPLORE"), ("plan", "PLAN"), ("build", "BUILD"),
+                           ("observe", "OBSERVE"), ("complete", "COMPLETE")):
+        log.move(trigger, state)
+    log.add(ev.RUN_END, outcome="complete", exit_code=0)
+    assert log.replay(tmp_path).violations == []
+
+
+def test_error_entered_by_another_trigger_or_without_a_failure_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.add(ev.PHASE_TRANSITION, **{"from": "execute", "to": "error", "trigger": "cascade"})
+    rules = _rules(log.replay(tmp_path))
+    assert ("error_state", len(log.records)) in rules  # not 'fail', and no TOOL_FAILURE first
+    assert [r for r, _ in rules].count("error_state") == 2
+
+
+def test_error_must_take_the_route_it_wrote(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.failure("op1", None, "stuck_detected", "structural", "error")
+    log.move("fail", "ERROR", error_type="stuck_detected", route="cascade")
+    log.add(ev.ERROR_ROUTE, error_type="stuck_detected", route="cascade")
+    log.move("observe", "OBSERVE")  # the route said CASCADE
+    assert ("error_route", len(log.records) - 1) in _rules(log.replay(tmp_path))
+
+
+def test_documented_route_overrides_are_accepted(tmp_path: Path) -> None:
+    # A PLAN-routed error from outside EXPLORE returns a summary (states/error.py).
+    log = _Log().to_execute()
+    log.failure("op1", None, "timeout", "transient", "error")
+    log.move("fail", "ERROR", error_type="timeout", route="plan")
+    log.add(ev.ERROR_ROUTE, error_type="timeout", route="summary")
+    log.add(ev.RETURN, reason="timeout", route="summary", summary={"message": "m"})
+    log.add(ev.RUN_END, outcome="returned", exit_code=4)
+    assert log.replay(tmp_path).violations == []
+
+
+def test_retrying_a_structural_failure_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    log.failure("op1", "001", "task_failed", "structural", "retry")
+    retry = log.add(ev.RETRY, op_id="op1", tool="run_verify", task_seq="001", attempt=2, wait_ms=1)
+    result = log.replay(tmp_path)
+    assert ("retry_limit", retry["seq"]) in _rules(result)
+
+
+def test_a_classification_that_contradicts_the_registry_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    failure = log.failure("op1", None, "network_error", "structural", "structural")
+    assert ("classify_before_act", failure["seq"] + 1) in _rules(log.replay(tmp_path))
+
+
+def test_the_retry_limit_comes_from_the_run_config(tmp_path: Path) -> None:
+    log = _Log(config={"transient_retries": 2, "flaky_verify_retries": 2}).to_execute()
+    for attempt in (1, 2):
+        log.failure("op1", None, "network_error", "transient", "retry")
+        log.add(ev.RETRY, op_id="op1", tool="invoke", attempt=attempt + 1, wait_ms=5,
+                error_type="network_error")
+    assert [r for r, _ in _rules(log.replay(tmp_path))].count("retry_limit") == 0
+
+
+def test_a_task_started_before_its_dependency_completed_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute({"001": [], "002": ["001"]})
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    start = log.add(ev.TASK_START, task_seq="002", worker="w2", attempt=1)
+    result = log.replay(tmp_path)
+    assert ("task_transitions", start["seq"]) in _rules(result)
+    assert "before 001 completed" in result.violations[0].message
+
+
+def test_a_dependency_cut_by_a_crash_may_have_completed(tmp_path: Path) -> None:
+    """A kill between the store's 'complete' and TASK_END: the resume starts the dependent."""
+    log = _Log().to_execute({"001": [], "002": ["001"]})
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    log.add(ev.RUN_START, state=None, mode="campaign", resume=True)
+    log.add(ev.RESUME, state=None, from_state="EXECUTE", reset_tasks=[])
+    log.enter("EXECUTE", resumed=True)
+    log.add(ev.TASK_START, task_seq="002", worker="w1", attempt=1)
+    log.add(ev.TASK_END, task_seq="002", worker="w1", status="complete")
+    result = log.finish_clean().replay(tmp_path)
+    assert result.violations == [] and result.crash_boundaries == [13]
+    assert result.runs[0].interrupted_tasks == ["001"]
+
+
+def test_a_blocked_task_restarts_only_after_a_replan(tmp_path: Path) -> None:
+    def build(replan: bool) -> _Log:
+        log = _Log().to_execute()
+        log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+        log.failure("op1", "001", "task_failed", "structural", "structural")
+        log.add(ev.RECOVERY_ATTEMPT, strategy="block_task", success=True, task_seq="001", op_id="op1",
+                error_type="task_failed")
+        log.add(ev.TASK_END, task_seq="001", worker="w1", status="blocked", error_type="task_failed")
+        log.move("cascade", "CASCADE")
+        if replan:
+            log.add(ev.CASCADE_REPLAN, affected=2)
+            log.add(ev.RECOVERY_ATTEMPT, strategy="replan", success=True, merged=1)
+        log.move("execute", "EXECUTE")
+        log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=2)
+        log.failure("op2", "001", "network_error", "transient", "retry")
+        log.add(ev.RETRY, op_id="op2", tool="run_verify", task_seq="001", attempt=2, wait_ms=5)
+        log.add(ev.TASK_END, task_seq="001", worker="w1", status="complete")
+        return log.finish_clean()
+
+    without = build(False).replay(tmp_path, "a.jsonl")
+    assert [r for r, _ in _rules(without)] == ["task_transitions"]
+    assert "started while blocked, without a re-plan" in without.violations[0].message
+    result = build(True).replay(tmp_path, "b.jsonl")
+    assert result.violations == []
+    first, second = result.attempts
+    # Every attempt keeps its own failures, not only the last one.
+    assert [result.failure(s).error_type for s in first.failures] == ["task_failed"]
+    assert [result.failure(s).error_type for s in second.failures] == ["network_error"]
+    assert first.recoveries == ["block_task"] and second.retries == 1
+    assert result.tasks["001"].status == "complete" and result.tasks["001"].attempts == 2
+
+
+def test_a_recovery_of_an_unknown_operation_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    recovery = log.add(ev.RECOVERY_ATTEMPT, strategy="block_task", success=True, op_id="op9")
+    assert _rules(log.replay(tmp_path))[0] == ("emit_before_retry", recovery["seq"])
+
+
+def test_ending_a_task_before_its_failure_is_classified_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    log.add(ev.TOOL_FAILURE, op_id="op1", tool="shell_builder", task_seq="001", error_type="task_failed")
+    end = log.add(ev.TASK_END, task_seq="001", worker="w1", status="blocked")
+    assert ("classify_before_act", end["seq"]) in _rules(log.replay(tmp_path))
+
+
+def test_propagating_a_block_onto_a_complete_task_is_reported(tmp_path: Path) -> None:
+    log = _Log().to_execute()
+    log.add(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
+    log.add(ev.TASK_END, task_seq="001", worker="w1", status="complete")
+    log.move("cascade", "CASCADE")
+    bad = log.add(ev.CASCADE_PROPAGATE, propagated=[{"seq": "001", "blocked_by": ["009"]}])
+    assert ("task_transitions", bad["seq"]) in _rules(log.replay(tmp_path))
+
+
+def test_a_kill_between_run_end_and_the_store_resumes_cleanly(tmp_path: Path) -> None:
+    """RUN_END is written before the store finishes the campaign; a resume then finishes again."""
+    log = _Log().to_execute()
+    log.finish_clean()
+    log.add(ev.RUN_START, state=None, mode="campaign", resume=True)
+    log.add(ev.RESUME, state=None, from_state="COMPLETE", reset_tasks=[])
+    log.enter("COMPLETE", resumed=True)
+    log.add(ev.RUN_END, outcome="complete", exit_code=0)
+    result = log.replay(tmp_path)
+    assert result.violations == [] and result.crash_boundaries == [] and len(result.runs) == 2
 
 
 # --------------------------------------------------------------------------- crash, resume, torn
@@ -158,13 +428,39 @@ def test_crash_then_resume_replays_clean_with_a_crash_boundary() -> None:
     assert result.outcome == "complete"
     # The attempt that died with the process stays visible, without an end.
     assert [(a.attempt, a.status) for a in result.attempts] == [(1, None), (2, "complete")]
-    # The state the crash interrupted is closed at the resume's RUN_START.
-    execute = [s for s in result.states if s["state"] == "EXECUTE"]
-    assert execute[0]["end"] == _lines("resume.jsonl")[0]["ts"]
+    # The state the crash cut ends at the dead process's last event, not at the resume.
+    execute = [s for s in result.states if s.state == "EXECUTE"]
+    assert execute[0].end == _lines("crashed.jsonl")[-1]["ts"] and execute[0].interrupted
+    assert execute[1].resumed
     text = render_text(result)
     assert "crash boundary before seq 17 (the run was resumed)" in text
+    assert "tasks in flight: 001" in text
     assert "invariants: all hold" in text
     assert "001 attempt 1 on w1: interrupted" in text
+
+
+def test_a_real_crash_and_resume_in_one_file() -> None:
+    """ftl's resume appends to the same log: the boundary is found inside one file."""
+    result = replay([CRASH])
+    assert result.violations == [] and result.crash_boundaries == [32]
+    crashed, resumed = result.runs
+    assert crashed.crashed and crashed.last_seq == 31 and crashed.interrupted_state == "EXECUTE"
+    assert crashed.interrupted_tasks == ["001", "006"]
+    assert (resumed.resume, resumed.outcome, resumed.exit_code) == (True, "complete_with_blocked", 3)
+    interrupted = [(a.seq, a.run) for a in result.attempts if a.status is None]
+    assert interrupted == [("001", 0), ("006", 0)]
+    assert {t.seq: t.status for t in result.ordered_tasks()} == {
+        "001": "complete", "002": "blocked", "003": "blocked", "004": "blocked",
+        "005": "complete", "006": "complete"}
+
+
+def test_the_same_story_split_into_two_files_replays_the_same(tmp_path: Path) -> None:
+    records = [json.loads(line) for line in CRASH.read_text().splitlines()]
+    first = _write(tmp_path / "crashed.jsonl", [r for r in records if r["seq"] < 32])
+    second = _write(tmp_path / "resumed.jsonl", [r for r in records if r["seq"] >= 32])
+    split, whole = replay([first, second]), replay([CRASH])
+    assert split.to_json() | {"files": None, "runs": None} == whole.to_json() | {"files": None, "runs": None}
+    assert [r.file for r in split.runs] == ["crashed.jsonl", "resumed.jsonl"]
 
 
 def test_the_crashed_log_alone_ends_without_run_end() -> None:
@@ -178,10 +474,31 @@ def test_logs_in_the_wrong_order_break_seq() -> None:
 
 def test_torn_last_line_sets_torn_tail_and_keeps_the_rest() -> None:
     result = replay([LOGS / "torn_tail.jsonl"])
-    assert result.torn_tail and result.invalid_lines == []
+    assert result.torn_tail and result.torn_tails == ["torn_tail.jsonl"] and result.invalid_lines == []
     assert result.events == 29
     assert _rules(result) == [("ends_properly", None)]  # the torn line was RUN_END itself
-    assert "warning: the last line was torn" in render_text(result)
+    assert "warning: torn_tail.jsonl: the last line was torn" in render_text(result)
+
+
+def test_a_torn_tail_before_the_resume_is_a_warning_not_a_violation(tmp_path: Path) -> None:
+    records = CRASH.read_text().splitlines(keepends=True)
+    crashed = "".join(r for r in records if json.loads(r)["seq"] < 32) + records[31][:40]
+    (tmp_path / "a.jsonl").write_text(crashed)
+    (tmp_path / "b.jsonl").write_text("".join(r for r in records if json.loads(r)["seq"] >= 32))
+    result = replay([tmp_path / "a.jsonl", tmp_path / "b.jsonl"])
+    assert result.torn_tails == ["a.jsonl"] and result.violations == []
+    assert any("torn" in w for w in result.warnings())
+
+
+def test_a_repaired_tail_is_reported_as_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "c-rep.jsonl"
+    path.write_text(json.dumps({"seq": 1, "ts": "2026-11-21T10:00:00.000Z", "campaign_id": "c-rep",
+                                "event": "RUN_START", "state": None}) + "\n" + '{"seq": 2, "ev')
+    with ev.EventLog(path, "c-rep") as log:  # opening repairs the tail and says so
+        log.emit(ev.RUN_START, state=None, resume=True)
+    result = replay([path])
+    assert result.repaired == [{"seq": 2, "truncated_bytes": 14}]
+    assert any("cut a torn tail of 14 bytes" in w for w in result.warnings())
 
 
 def test_a_corrupt_middle_line_is_listed_and_skipped(tmp_path: Path) -> None:
@@ -190,10 +507,10 @@ def test_a_corrupt_middle_line_is_listed_and_skipped(tmp_path: Path) -> None:
     path = tmp_path / "corrupt.jsonl"
     path.write_text("\n".join(lines) + "\n")
     result = replay([path])
-    assert result.invalid_lines == [10] and not result.torn_tail
+    assert result.invalid_lines == [{"file": "corrupt.jsonl", "line": 10}] and not result.torn_tail
     assert result.events == 29
     # PLAN_REGISTERED now seems to run after PLAN was left: the postmortem says so.
-    assert _rules(result) == [("action_in_state", 11)]
+    assert ("action_in_state", 11) in _rules(result)
 
 
 def test_an_event_without_seq_is_a_violation_not_a_crash() -> None:
@@ -209,6 +526,7 @@ def test_a_crash_between_failure_and_classification_resumes_clean(tmp_path: Path
     result = replay([_write(tmp_path / "a.jsonl", crashed), _write(tmp_path / "b.jsonl", resume)])
     assert result.crash_boundaries == [18]
     assert result.violations == []
+    assert result.failures[0].outcome == "interrupted"
 
 
 def test_parallel_tasks_recovery_is_not_blamed_for_another_tasks_failure(tmp_path: Path) -> None:
@@ -240,6 +558,7 @@ def test_parallel_tasks_recovery_is_not_blamed_for_another_tasks_failure(tmp_pat
                                 if k not in ("seq", "ts", "campaign_id", "event")})
     result = replay([_write(tmp_path / "parallel.jsonl", records)])
     assert result.violations == []
+    assert result.failure(b["seq"]).outcome == "recovered:block_task"
 
 
 # --------------------------------------------------------------------------- real writer
@@ -250,11 +569,13 @@ def test_a_log_written_by_the_recovery_protocol_replays_clean(tmp_path: Path) ->
         protocol = RecoveryProtocol(log, RetryPolicy(), sleep=lambda _s: None,
                                     cancel=threading.Event())
         log.emit(ev.RUN_START, mode="campaign", resume=False)
-        log.state = "INIT"
-        log.emit(ev.STATE_ENTRY)
-        log.emit(ev.PHASE_TRANSITION, **{"from": "init", "to": "execute", "trigger": "execute"})
-        log.state = "EXECUTE"
-        log.emit(ev.STATE_ENTRY)
+        for source, trigger, dest in ((None, None, "INIT"), ("INIT", "explore", "EXPLORE"),
+                                      ("EXPLORE", "plan", "PLAN"), ("PLAN", "register", "REGISTER"),
+                                      ("REGISTER", "execute", "EXECUTE")):
+            if source:
+                log.emit(ev.PHASE_TRANSITION, **{"from": source.lower(), "to": dest.lower(), "trigger": trigger})
+            log.state = dest
+            log.emit(ev.STATE_ENTRY)
         log.emit(ev.TASK_START, task_seq="001", worker="w1", attempt=1)
         flaky = FtlError("flaky_test", {"seq": "001"})
         outcomes = iter([flaky, flaky, None])
@@ -267,19 +588,173 @@ def test_a_log_written_by_the_recovery_protocol_replays_clean(tmp_path: Path) ->
 
         assert protocol.run(verify, tool="run_verify", seq="001", state="EXECUTE",
                             escalate=escalate_flaky) == "passed"
+
         def invoke(_attempt: int) -> None:
             raise FtlError("network_error")
 
-        with pytest.raises(FtlError):
+        with pytest.raises(FtlError) as caught:
             protocol.run(invoke, tool="invoke", seq="001", state="EXECUTE")
-        protocol.recovery(strategy="block_task", success=True, state="EXECUTE", task_seq="001")
+        protocol.recovery(strategy="block_task", success=True, state="EXECUTE", task_seq="001",
+                          error=caught.value)
         log.emit(ev.TASK_END, task_seq="001", worker="w1", status="blocked")
-        log.emit(ev.PHASE_TRANSITION, **{"from": "execute", "to": "complete", "trigger": "complete"})
-        log.state = "COMPLETE"
-        log.emit(ev.STATE_ENTRY)
-        log.emit(ev.RUN_END, state=None, outcome="complete_with_blocked", exit_code=3)
+        log.emit(ev.PHASE_TRANSITION, **{"from": "execute", "to": "cascade", "trigger": "cascade"})
+        for source, trigger, dest in (("CASCADE", "observe", "OBSERVE"), ("OBSERVE", "complete", "COMPLETE")):
+            log.state = source
+            if source == "CASCADE":
+                log.emit(ev.STATE_ENTRY)
+            log.emit(ev.PHASE_TRANSITION, **{"from": source.lower(), "to": dest.lower(), "trigger": trigger})
+            log.state = dest
+            log.emit(ev.STATE_ENTRY)
+        log.emit(ev.RUN_END, outcome="complete_with_blocked", exit_code=3)
     result = replay([path])
     assert result.violations == []
     assert len(result.retries) == 3  # two for the flaky verify, one for the transient call
-    assert [f["decision"] for f in result.failures] == ["retry", "retry", "retry", "escalate"]
+    assert [f.decision for f in result.failures] == ["retry", "retry", "retry", "escalate"]
     assert result.recoveries[0]["strategy"] == "block_task"
+    assert result.failures[-1].outcome == "recovered:block_task"
+    assert result.attempts[0].retries == 3 and len(result.attempts[0].failures) == 4
+
+
+# --------------------------------------------------------------------------- memory
+
+def _peak_bytes(path: Path) -> int:
+    tracemalloc.start()
+    try:
+        replay([path])
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_memory_does_not_grow_with_the_number_of_events(tmp_path: Path) -> None:
+    """Events that add nothing to the story (tool calls, here 8x more of them) cost no memory:
+    replay keeps the story, never the lines."""
+    def log(path: Path, calls: int) -> Path:
+        records = _lines("clean.jsonl")
+        head, tail = records[:15], records[15:]
+        filler = [{**records[15], "details": "x" * 300} for _ in range(calls)]
+        numbered = [{**r, "seq": i + 1} for i, r in enumerate(head + filler + tail)]
+        for r in numbered:  # keep failure_seq pointing at the renumbered TOOL_FAILURE
+            if r["event"] == ev.FAILURE_CLASSIFIED:
+                r["failure_seq"] = r["seq"] - 1
+        return _write(path, numbered)
+
+    small, large = log(tmp_path / "small.jsonl", 2_000), log(tmp_path / "large.jsonl", 16_000)
+    assert replay([large]).violations == [] and replay([large]).events == 16_030
+    assert _peak_bytes(large) < _peak_bytes(small) + 64 * 1024
+
+
+# --------------------------------------------------------------------------- decision diff
+
+def test_a_run_has_the_same_decisions_as_itself_whatever_the_timing(tmp_path: Path) -> None:
+    records = _lines("drill.jsonl")
+    shifted = []
+    for r in records:  # other timestamps, durations, workers and op ids
+        r = {**r, "ts": r["ts"].replace("T04:", "T09:")}
+        for key, value in (("worker", "w9"), ("op_id", "opX"), ("duration_ms", 1), ("pid", 1)):
+            if key in r:
+                r[key] = value
+        shifted.append(r)
+    # Swap two events of parallel tasks (005 and 001 started in the other order).
+    i, j = next(k for k, r in enumerate(shifted) if r["event"] == ev.TASK_START), None
+    j = i + 1
+    shifted[i], shifted[j] = {**shifted[j], "seq": shifted[i]["seq"]}, {**shifted[i], "seq": shifted[j]["seq"]}
+    diff = diff_decisions([DRILL], [_write(tmp_path / "other.jsonl", shifted)])
+    assert diff.same, render_diff_text(diff)
+    assert "same decisions" in render_diff_text(diff)
+
+
+def test_the_first_differing_decision_is_found(tmp_path: Path) -> None:
+    records = _lines("drill.jsonl")
+    classified = next(r for r in records if r["event"] == ev.FAILURE_CLASSIFIED and r["task_seq"] == "001")
+    changed = [({**r, "decision": "escalate"} if r is classified else r) for r in records]
+    diff = diff_decisions([DRILL], [_write(tmp_path / "other.jsonl", changed)])
+    first = diff.first()
+    assert not diff.same and first.lane == "task 001"
+    assert first.a.event == ev.FAILURE_CLASSIFIED and dict(first.a.fields)["decision"] == "retry"
+    assert dict(first.b.fields)["decision"] == "escalate" and first.a.seq == classified["seq"]
+    text = render_diff_text(diff, "drill", "other")
+    assert "first difference: lane 'task 001'" in text and "decision=escalate" in text
+
+
+def test_a_crashed_run_differs_from_a_clean_one_where_work_was_redone() -> None:
+    diff = diff_decisions([DRILL], [CRASH])
+    lanes = {d.lane for d in diff.lanes}
+    assert {"task 001", "task 006"} <= lanes  # both were cut by the crash and started again
+    assert "task 005" not in lanes and "task 002" not in lanes
+
+
+# --------------------------------------------------------------------------- CLI
+
+def _cli(*args: str) -> object:
+    return CliRunner().invoke(ftl_main, ["replay", *args])
+
+
+def test_cli_check_exit_codes() -> None:
+    assert _cli(str(DRILL), "--check").exit_code == 0
+    bad = _cli(str(LOGS / "two_transient_retries.jsonl"), "--check")
+    assert bad.exit_code == 1 and "seq 22: [retry_limit]" in bad.output
+    assert _cli(str(LOGS / "two_transient_retries.jsonl")).exit_code == 0  # report only
+    missing = _cli("no-such.jsonl", "--json")
+    assert missing.exit_code == 2 and json.loads(missing.output)["success"] is False
+
+
+def test_cli_json_envelope_carries_the_replay_and_warnings() -> None:
+    out = _cli(str(LOGS / "torn_tail.jsonl"), "--format", "json")
+    envelope = json.loads(out.output)
+    assert envelope["success"] is True and envelope["meta"]["version"] == "response-v2"
+    assert envelope["data"]["torn_tail"] is True and envelope["data"]["check"]["passed"] is False
+    assert any(w["code"] == "LOG_TAIL_REPAIRED" for w in envelope["meta"]["warning_details"])
+    data = json.loads(_cli(str(CRASH), "--json").output)["data"]
+    assert data["crash_boundaries"] == [32] and data["blocks"][0]["root"] == "002"
+    assert {t["seq"] for t in data["task_status"]} == {"001", "002", "003", "004", "005", "006"}
+
+
+def test_cli_output_file_and_html(tmp_path: Path) -> None:
+    out = _cli(str(DRILL), "-o", str(tmp_path / "pm.txt"))
+    assert out.exit_code == 0 and "invariants: all hold" in (tmp_path / "pm.txt").read_text()
+    out = _cli(str(CRASH), "--format", "html", "-o", str(tmp_path / "pm.html"), "--check")
+    assert out.exit_code == 0 and (tmp_path / "pm.html").read_text().startswith("<!DOCTYPE html>")
+    refused = _cli(str(DRILL), "--format", "html", "--json")
+    assert refused.exit_code == 2 and "--output" in refused.output
+    envelope = json.loads(_cli(str(DRILL), "--format", "html", "--json", "-o", str(tmp_path / "x.html")).output)
+    assert envelope["data"]["check"]["passed"] is True and (tmp_path / "x.html").is_file()
+
+
+def test_cli_against(tmp_path: Path) -> None:
+    same = _cli(str(DRILL), "--against", str(DRILL))
+    assert same.exit_code == 0 and "same decisions" in same.output
+    differ = _cli(str(DRILL), "--against", str(CRASH), "--json")
+    assert differ.exit_code == 1
+    diff = json.loads(differ.output)["data"]["diff"]
+    assert diff["same"] is False and diff["first"]["lane"] in ("task 001", "task 006", "run")
+
+
+# --------------------------------------------------------------------------- fuzz
+
+_EVENT_NAMES = [ev.RUN_START, ev.RUN_END, ev.STATE_ENTRY, ev.PHASE_TRANSITION, ev.TOOL_FAILURE,
+                ev.FAILURE_CLASSIFIED, ev.RETRY, ev.RECOVERY_ATTEMPT, ev.TASK_START, ev.TASK_END,
+                ev.CASCADE_PROPAGATE, ev.PLAN_REGISTERED, ev.ERROR_ROUTE, ev.RETURN, "NOT_AN_EVENT"]
+_ANY = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.text(max_size=6),
+                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+                    max_leaves=6)
+_FIELDS = ["state", "task_seq", "op_id", "failure_seq", "decision", "klass", "error_type", "status",
+           "from", "to", "trigger", "route", "summary", "propagated", "seqs", "depends", "config",
+           "duration_ms", "ts", "worker", "attempt", "resume", "resumed", "success", "strategy"]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from(_EVENT_NAMES), st.integers(0, 30),
+                          st.dictionaries(st.sampled_from(_FIELDS), _ANY, max_size=6)), max_size=25))
+def test_replay_never_raises_on_arbitrary_events(tmp_path: Path, items: list) -> None:
+    """Bad input gives violations, never a traceback; every renderer copes with it."""
+    from ftl.postmortem import render_html
+
+    records = [{**fields, "event": name, "seq": seq, "campaign_id": "c-fuzz"} for name, seq, fields in items]
+    path = tmp_path / "fuzz.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"torn')
+    result = replay([path])
+    render_text(result)
+    render_html(result)
+    json.dumps(result.to_json(), default=str)
+    diff_decisions([path], [path])

@@ -54,7 +54,9 @@ def test_failure_drill_ends_as_expected(tmp_path: Path) -> None:
     work = tmp_path / "failure-drill"
     env = {**os.environ, "PYTHON": sys.executable, "FTL_BIN": str(Path(sys.executable).parent / "ftl")}
     script = ROOT / "examples" / "failure-drill" / "run.sh"
-    proc = subprocess.run(["bash", str(script), "--jobs", "2", "--json"], capture_output=True, text=True,
+    metrics = tmp_path / "metrics.prom"
+    proc = subprocess.run(["bash", str(script), "--jobs", "2", "--json", "--metrics-file", str(metrics)],
+                          capture_output=True, text=True,
                           env={**env, "FTL_WORK_DIR": str(tmp_path)}, timeout=300, cwd=ROOT)
     expected = json.loads((ROOT / "examples" / "failure-drill" / "expected.json").read_text())
     assert proc.returncode == expected["exit_code"], proc.stderr[-3000:]
@@ -81,6 +83,9 @@ def test_failure_drill_ends_as_expected(tmp_path: Path) -> None:
     assert blocked_failure["seq"] < recovery["seq"]
     assert any(e["event"] == "CASCADE_PROPAGATE" for e in events)
     assert any(e["event"] == "CASCADE_ANALYSIS" for e in events)
+    counters = metrics.read_text()
+    assert 'ftl_tasks_total{status="blocked"} 1.0' in counters  # 002 itself; 003/004 by propagation
+    assert 'ftl_retries_total{kind="flaky_test",outcome="retried"} 1.0' in counters
 
 
 def _marker_plan(tmp_path: Path, count: int = 10, sleep_s: float = 0.4) -> Path:

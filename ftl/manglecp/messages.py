@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterable, Literal, Mapping, Sequence
 
@@ -617,10 +617,16 @@ class NormalFact:
     args: tuple[Any, ...]
     t: tuple[int | str, int | str] | None = None
 
+    _identity: str = field(default="", init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # repr of normalised values is canonical (objects arrive with sorted keys) and much
+        # cheaper than JSON; it never depends on the process (no hash()).
+        object.__setattr__(self, "_identity", repr((self.pred, self.args, self.t)))
+
     def key(self) -> str:
         """Identity for deduplication (spec 03 §5: provenance is not part of it)."""
-        return json.dumps([self.pred, list(self.args), list(self.t) if self.t else None],
-                          sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+        return self._identity
 
 
 def _json_type(value: Any) -> str:
@@ -710,15 +716,16 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
     violations: list[dict[str, Any]] = []
     out: list[NormalFact] = []
     seen: set[str] = set()
+    index = 0
+
+    def bad(issue: str, message: str, pred: Any = None, **extra: Any) -> None:
+        entry = {"fact_index": index, "predicate": pred if isinstance(pred, str) else "",
+                 "issue": issue, "message": message}
+        entry.update({k: v for k, v in extra.items() if v is not None})
+        violations.append(entry)
 
     for index, item in enumerate(facts):
-        def bad(issue: str, message: str, pred: Any = None, **extra: Any) -> None:
-            entry = {"fact_index": index, "predicate": pred if isinstance(pred, str) else "",
-                     "issue": issue, "message": message}
-            entry.update({k: v for k, v in extra.items() if v is not None})
-            violations.append(entry)
-
-        if not isinstance(item, Mapping):
+        if not isinstance(item, dict) and not isinstance(item, Mapping):
             bad("invalid_facts", f"fact {index} is a JSON {_json_type(item)}, not an object")
             continue
         pred = item.get("pred")
@@ -799,8 +806,9 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
                 bad("invalid_facts", f"bad temporal annotation: {exc}", pred)
                 continue
         normal = NormalFact(pred, tuple(values), interval)
-        if normal.key() not in seen:
-            seen.add(normal.key())
+        identity = normal.key()
+        if identity not in seen:
+            seen.add(identity)
             out.append(normal)
     violations.sort(key=lambda v: v["fact_index"])
     return out, violations

@@ -52,10 +52,16 @@ PHASE_ORDER = {"skeleton": 0, "flesh": 1, "dependency": 2}
 RESERVED = "_manglecp_"
 WHY = RESERVED + "why"
 HIDDEN_TOOL = RESERVED + "hidden"  # tools a gate hides: injected per request, excluded in phase 2
+# Server-tier predicates the pipeline reads: only server facts and domain rules may provide them,
+# never a client (reference §7.1: a client fact must not override trust levels 2 and 3).
+PIPELINE_PREDICATES = frozenset({"mandatory_for_intent", "relevant_to_intent", "prohibited",
+                                 "requires_capability", "server_has_capability", "tool", "tool_requires",
+                                 "conflicts_with", "prefers", "needs_skill", "context_resource"})
 # Policy predicates never named in proof hints or rule coverage (reference §7.4).
 DEFAULT_HIDDEN_PREDICATES = frozenset({"prohibited", "requires_capability", "server_has_capability",
                                        "configured"})
 _POLL_S = 0.02
+_OUTPUT = frozenset({"final", "final_phase", "final_skill", "final_resource", "excluded_report"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -295,11 +301,14 @@ class _Program:
         resources: dict[str, dict[str, int]] = {}
         excluded: set[tuple[str, str, str]] = set()
         for symbol in model:
-            name, args = symbol.name, symbol.arguments
+            name = symbol.name
             if name.startswith(RESERVED):
                 continue
             if symbol not in injected_set and symbol not in static:
                 derived += 1
+            if name not in _OUTPUT:
+                continue
+            args = symbol.arguments
             if name == "final" and len(args) == 2:
                 final[_text(args[0])] = args[1].number
             elif name == "final_phase" and len(args) == 2:
