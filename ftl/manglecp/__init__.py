@@ -16,6 +16,6 @@ __all__ = [
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Fact", "IntentResponse", "InvokeResponse", "MacroTool",
     "Manifest", "ProtocolError", "apply_state_delta", "fact", "make_error", "parse_message",
     "to_ftl_error", "BearerAuth", "BoundContext", "InvocationOutcome", "ManglecpServer", "Principal",
-    "ServerInfo", "ServerLimits", "Session", "Skill", "ToolDefinition", "HttpTransport", "InProcessTransport", "StdioTransport", "Transport",
-    "ManglecpClient",
+    "ServerInfo", "ServerLimits", "Session", "Skill", "ToolDefinition", "HttpTransport",
+    "InProcessTransport", "StdioTransport", "Transport", "ManglecpClient",
 ]

@@ -465,7 +465,8 @@ class HttpTransport(Transport):
         if not isinstance(path, str) or not path:
             return
         try:
-            self._client.post(urllib.parse.urljoin(self.manifest_url, path), content=encode(cancel_message(request_id)),
+            self._client.post(urllib.parse.urljoin(self.manifest_url, path),
+                              content=encode(cancel_message(request_id)),
                               headers={**self._headers, "Content-Type": "application/json"}, timeout=5.0)
         except httpx.HTTPError as exc:
             log.info("cancel of %s not delivered (%s)", request_id, type(exc).__name__)

@@ -108,8 +108,8 @@ def load_gate(repo: Path, config: Config) -> Any:
         module = importlib.import_module("ftl.gate")
         factory = module.Gatekeeper.from_config
     except (ImportError, AttributeError) as exc:
-        raise FtlError("configuration_error", {
-            "problem": f"[gates] is configured but the gate module is unavailable ({type(exc).__name__})"}) from None
+        problem = f"[gates] is configured but the gate module is unavailable ({type(exc).__name__})"
+        raise FtlError("configuration_error", {"problem": problem}) from None
     return factory(config.gates, repo=Path(repo).resolve())
 
 

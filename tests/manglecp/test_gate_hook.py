@@ -137,3 +137,13 @@ def test_configured_gates_are_never_skipped(tmp_path: Path, monkeypatch):
         assert exc.value.error_type == "configuration_error"
     plain = build_server(tmp_path, Config(), isolation="thread")  # no gates: no import needed
     plain.close()
+
+
+def test_serve_refuses_configured_gates_it_cannot_load(tmp_path: Path, monkeypatch):
+    from click.testing import CliRunner
+
+    from ftl.server.serve import serve
+    monkeypatch.setitem(sys.modules, "ftl.gate", None)
+    config = Config(gates={"expose": {"exclude": ["shell_*"]}}).model_dump_json()
+    result = CliRunner().invoke(serve, ["--stdio", "--repo", str(tmp_path), "--config-json", config])
+    assert result.exit_code == 2 and "gate module is unavailable" in result.output

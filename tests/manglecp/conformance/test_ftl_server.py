@@ -99,7 +99,8 @@ def test_38_41_47_real_builder_and_verifier_deltas(client, repo):
     assert [(f["pred"], f["args"]) for f in asserted] == [("build_outcome", [seq, "complete"]),
                                                           ("file_changed", [seq, f"out{seq}.txt", True])]
     assert all(f["category"] == "session" and f["source"]["source_type"] == "server" for f in asserted)
-    assert built.next["suggested_intents"] == [{"name": "verify_task", "description": f"Run task {seq}'s verify command."}]
+    assert built.next["suggested_intents"] == [
+        {"name": "verify_task", "description": f"Run task {seq}'s verify command."}]
     verified = client.invoke_tool("verify_task", built.next["continuation_facts"], "run_verify",
                                   {"command": f"test -f out{seq}.txt"})
     assert [(f["pred"], f["args"]) for f in verified.state_delta.assert_] == [
