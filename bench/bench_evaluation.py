@@ -15,9 +15,9 @@ three paths, in the same run:
 
 It prints p50 and p99 latency (ms) per path and size, and the server's overhead ratio
 (p50 of the path / p50 of clingo alone). Latencies are wall-clock, per request, sequential
-(one request in flight). The default run takes about a minute.
+(one request in flight). The default run takes 15-60 s, depending on the machine.
 
-Usage: python bench/bench_evaluation.py [--sizes 100,1000,10000] [--repeat 60] [--json]
+Usage: python bench/bench_evaluation.py [--sizes 100,1000,10000] [--repeat 100] [--json]
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ def check(reply: dict[str, Any]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="100,1000,10000", help="Fact counts, comma-separated.")
-    parser.add_argument("--repeat", type=int, default=60, help="Timed requests per path and size.")
+    parser.add_argument("--repeat", type=int, default=100, help="Timed requests per path and size.")
     parser.add_argument("--json", action="store_true", help="Print the results as JSON instead of a table.")
     options = parser.parse_args()
     sizes = [int(s) for s in options.sizes.split(",") if s.strip()]

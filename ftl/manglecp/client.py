@@ -162,7 +162,7 @@ class ManglecpClient:
                  params: Mapping[str, Any] | None = None, disclosure: str = "full",
                  constraints: Constraints | Mapping[str, Any] | None = None,
                  eval_time: str | int | None = None,
-                 include_proof_hints: bool = False) -> IntentResponse:
+                 include_proof_hints: bool = False, rule_coverage: bool = False) -> IntentResponse:
         """Ask which macro-tools serve ``intent`` given ``facts`` (spec 05).
 
         Args:
@@ -173,6 +173,9 @@ class ManglecpClient:
             disclosure: ``full`` | ``condensed`` | ``minimal`` | ``adaptive``.
             constraints: client limits; values above the server's limits are clamped down.
             eval_time: RFC 3339 string or epoch ms; the server clock when None.
+            include_proof_hints: ask for ``proof_hints`` (spec 09 §5).
+            rule_coverage: ask for ``diagnostics.rule_coverage`` (``options["x-rule_coverage"]``;
+                answered only by a server in dev mode).
         Returns:
             the `IntentResponse` (``macro_tools`` may be empty).
         Raises:
@@ -193,6 +196,8 @@ class ManglecpClient:
                                    "facts": wire_facts,
                                    "options": {"disclosure_preference": disclosure,
                                                "include_proof_hints": include_proof_hints}}
+        if rule_coverage:
+            payload["options"]["x-rule_coverage"] = True
         if merged:
             payload["constraints"] = {k: v for k, v in merged.items() if v is not None}
         if eval_time is not None:

@@ -913,15 +913,15 @@ class ManglecpServer:
         if self.gate is None:
             return
         facts = macro.bound.facts
+        local = self.auth is None and principal is ANONYMOUS
+        # string args only: policy engines (Cedar) want homogeneous sets
+        summary = [{"pred": f.pred, "args": [a if isinstance(a, str) else canonical_json(a) for a in f.args]}
+                   for f in facts[:50]]
         call = {"tool": tool.name, "args": dict(request.args), "side_effects": list(tool.side_effects),
-                "principal": principal.identity if self.auth is not None or principal is not ANONYMOUS
-                else "local",
+                "principal": "local" if local else principal.identity,
                 "context": {"intent": macro.bound.intent, "macro_id": request.macro_id,
                             "request_id": request_id, "fact_count": len(facts),
-                            "predicates": sorted({f.pred for f in facts}),
-                            # string args only: policy engines (Cedar) want homogeneous sets
-                            "facts": [{"pred": f.pred, "args": [a if isinstance(a, str) else canonical_json(a)
-                                                                for a in f.args]} for f in facts[:50]]}}
+                            "predicates": sorted({f.pred for f in facts}), "facts": summary}}
         try:
             self.gate.check(call)
         except FtlError as exc:

@@ -320,6 +320,18 @@ def test_51_rule_coverage(conn):
     assert all(re.fullmatch(r"[a-z][a-z0-9_]*#\d+", d["rule"]) for d in coverage["dormant_details"])
 
 
+def test_51_the_client_asks_for_rule_coverage(servers):
+    from ftl.manglecp.client import ManglecpClient
+    from ftl.manglecp.transport import HttpTransport
+    client = ManglecpClient(HttpTransport(servers["open", "http"].url))
+    try:
+        diagnostics = client.evaluate("diag", [], rule_coverage=True).diagnostics
+        assert diagnostics["rule_coverage"]["total_rules"] > 0
+        assert "rule_coverage" not in client.evaluate("diag", []).diagnostics
+    finally:
+        client.close()
+
+
 def test_52_no_undeclared_external_predicates(conn):
     assert conn.manifest()["payload"]["capabilities"]["external_predicates"] == []
 
