@@ -253,23 +253,15 @@ def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, confi
 @handled
 def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     """Show a campaign's state and task counts (envelope data: campaign, tasks, cascade)."""
-    from ftl import dag
-    from ftl.store import Store
+    from ftl.status import campaign_status as status_of
 
-    store = Store.for_repo(repo.resolve())
-    record = (store.get_campaign(campaign_id) if campaign_id
-              else store.active_campaign() or store.latest_campaign())
-    if record is None:
+    data = status_of(repo.resolve(), campaign_id)
+    if data is None:
         _emit(envelope.success({"status": "none"}), as_json, "no campaign in this repository")
         return 0
-    tasks = store.tasks(record["id"])
-    cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks}, {t["seq"]: t["status"] for t in tasks})
-    data = {"campaign": {k: record.get(k) for k in ("id", "objective", "status", "flow", "machine_state",
-                                                      "created_at", "completed_at")},
-            "tasks": [{k: t.get(k) for k in ("seq", "slug", "status", "attempts", "blocked_by")} for t in tasks],
-            "cascade": cascade}
+    record = data["campaign"]
     lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
-    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}" for t in tasks]
+    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}" for t in data["tasks"]]
     _emit(envelope.success(data), as_json, "\n".join(lines))
     return 0
 
@@ -284,11 +276,12 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
 @repo_option
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--server")
+@metrics_option
 @json_option
 @handled
 def task_command(objective: str, plan_file: Path | None, run_command: str | None, verify_command: str | None,
                  delta: tuple[str, ...], repo: Path, config_path: Path | None, server: str | None,
-                 as_json: bool) -> int:
+                 metrics_file: Path | None, as_json: bool) -> int:
     """Run the single-task TASK flow (INIT, EXPLORE, PLAN, BUILD, OBSERVE, COMPLETE).
 
     Same output and exit codes as `ftl campaign run`.
@@ -309,7 +302,8 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
         plan_input = parse_plan(raw, source="ftl task").model_dump(mode="json", by_alias=True, exclude_none=True)
     runner, view = _runner(repo, config_path, as_json, server=server)
     _sigterm_as_interrupt()
-    result = runner.start(objective, plan_input=plan_input, flow=Flow.TASK)
+    result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input, flow=Flow.TASK),
+                       metrics_file)
     return _finish(result, as_json)
 
 

@@ -64,7 +64,10 @@ def load_config(path: Path | None, repo: Path, **overrides: Any) -> Config:
     if path is not None or source.exists():
         try:
             data = tomllib.loads(source.read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
+        except OSError as exc:  # the name only: a response never carries an absolute path
+            raise FtlError("configuration_error",
+                           {"problem": f"{source.name}: {exc.strerror or 'cannot be read'}"}) from None
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise FtlError("configuration_error", {"problem": f"{source.name}: {exc}"}) from None
         data = data.get("ftl", data)
     data.update({k: v for k, v in overrides.items() if v is not None})

@@ -277,26 +277,10 @@ def _campaign(store: Any, campaign_id: str | None) -> dict[str, Any] | None:
 
 
 def _status(server: "FtlMcpServer", args: CampaignStatusArgs, call: CallContext) -> Outcome:
-    cid = call.correlation_id
-    from ftl import dag
+    from ftl.status import campaign_status
 
-    repo = server.resolve_repo(args.repo)
-    store = _store(server, repo)
-    if store is None:
-        return Outcome(envelope.success({"status": "none"}, request_id=cid))
-    with store:
-        record = _campaign(store, args.campaign_id)
-        if record is None:
-            return Outcome(envelope.success({"status": "none"}, request_id=cid))
-        tasks = store.tasks(record["id"])
-    cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks},
-                                 {t["seq"]: t["status"] for t in tasks})
-    data = {"campaign": {k: record.get(k) for k in ("id", "objective", "status", "flow",
-                                                     "machine_state", "created_at", "completed_at")},
-            "tasks": [{k: t.get(k) for k in ("seq", "slug", "status", "attempts", "blocked_by")}
-                      for t in tasks],
-            "cascade": cascade}
-    return Outcome(envelope.success(data, request_id=cid))
+    data = campaign_status(server.resolve_repo(args.repo), args.campaign_id)
+    return Outcome(envelope.success(data or {"status": "none"}, request_id=call.correlation_id))
 
 
 def _ready(server: "FtlMcpServer", args: ReadyTasksArgs, call: CallContext) -> Outcome:
@@ -391,7 +375,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         read_only=False),
     ToolSpec("campaign_status", "Campaign status", (
         "A campaign's state and tasks. data: {campaign: {id, objective, status, flow, "
-        "machine_state, created_at, completed_at}, tasks: [{seq, slug, status, attempts, "
+        "machine_state, created_at, finished_at}, tasks: [{seq, slug, status, attempts, "
         "blocked_by}], cascade}; {status: 'none'} when there is no campaign."),
         CampaignStatusArgs, _status),
     ToolSpec("ready_tasks", "Ready tasks", (

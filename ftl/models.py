@@ -181,6 +181,23 @@ class ExplorerMode(str, enum.Enum):
     DELTA = "delta"
 
 
+EXPLORER_MODES: tuple[str, ...] = tuple(mode.value for mode in ExplorerMode)
+CRITICAL_EXPLORER_MODES = frozenset({"structure", "delta"})
+
+
+def quorum_met(usable: set[str] | frozenset[str], quorum: int) -> bool:
+    """The explorer quorum (enforced where FTL only counted result rows, FTL §4.5 / §8.2 item 5).
+
+    Args:
+        usable: distinct modes whose result status is ``ok`` or ``partial``.
+        quorum: modes required (config ``explorer_quorum``, default 3 of 4).
+
+    Returns:
+        True with ``min(quorum, 4)`` usable modes, or with both structure and delta.
+    """
+    return len(usable) >= min(quorum, len(EXPLORER_MODES)) or CRITICAL_EXPLORER_MODES <= set(usable)
+
+
 class ExplorerResult(BaseModel):
     """One explorer's output (FTL explorer contract §5.5): `mode`, `status`, and its findings."""
 

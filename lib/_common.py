@@ -48,10 +48,10 @@ from typing import Any, Callable, NoReturn  # noqa: E402
 import click  # noqa: E402
 
 from ftl import envelope  # noqa: E402
-from ftl.clickutil import usage_error
-from ftl.replan import replan_input  # noqa: F401 - re-exported for the scripts
+from ftl.clickutil import usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
-from ftl.models import normalize_seq  # noqa: E402
+from ftl.models import EXPLORER_MODES, normalize_seq, quorum_met  # noqa: E402
+from ftl.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
 
 __all__ = [
     "EXIT_OK", "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_INTERRUPTED", "Reply", "Env", "script_group",
@@ -388,8 +388,6 @@ def fingerprint(store, campaign: dict) -> dict[str, Any]:
     }
 
 
-EXPLORER_MODES = ("structure", "pattern", "memory", "delta")
-CRITICAL_MODES = frozenset({"structure", "delta"})
 
 
 def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
@@ -413,7 +411,7 @@ def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
         "failed": [m for m in EXPLORER_MODES if modes[m] == "error"],
         "missing": [m for m in EXPLORER_MODES if m not in usable],
         "modes": modes, "rows": len(results), "quorum_required": required,
-        "quorum_met": len(usable) >= required or CRITICAL_MODES <= usable,
+        "quorum_met": quorum_met(usable, quorum),
     }
 
 

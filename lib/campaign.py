@@ -393,23 +393,14 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
 def _load_revision(path: Path, existing: set[str]):
     """Read and validate a revised plan that may list only the tasks it changes or adds.
 
-    Validation is `ftl.validation.parse_plan`'s, except that a dependency on a campaign task the
-    revision does not list is left to the store, which checks the merged graph (FTL checked the
-    merged task list too, §6.8). Raises: FtlError(not_found | schema_invalid | cycle_detected).
+    A dependency on a campaign task the revision does not list is left to the store, which
+    checks the merged graph (FTL checked the merged task list too, §6.8).
+    Raises: FtlError(not_found | schema_invalid | cycle_detected).
     """
-    from ftl.validation import parse_plan
+    from ftl.validation import load_plan_file
 
-    try:
-        data = path.read_bytes()
-    except OSError:
-        raise FtlError("not_found", {"what": f"revised plan file {path.name}"},
-                       message=f"The revised plan file {path.name} cannot be read.") from None
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise violation("$", f"{path.name} is not UTF-8 text", "save the plan as UTF-8 JSON") from None
-    raw = parse_json_text(text, f"revised plan file {path.name}")
-    return parse_plan(raw, source=f"revised plan file {path.name}", known_seqs=existing)
+    return load_plan_file(path, known_seqs=existing)
+
 
 if __name__ == "__main__":
     run(cli)

@@ -14,7 +14,8 @@ def enter(run: Run) -> Finish:
     summary = summarize(run)
     clean = summary["blocked"] == 0 and summary["pending"] == 0
     summary["message"] = (f"Campaign complete. {summary['complete']} complete, "
-                          f"{summary['blocked']} blocked.")
+                          f"{summary['blocked']} blocked"
+                          + (f", {summary['pending']} never run." if summary["pending"] else "."))
     return Finish("complete" if clean else "complete_with_blocked",
                   EXIT_OK if clean else EXIT_BLOCKED, summary)
 

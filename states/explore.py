@@ -1,9 +1,8 @@
 """EXPLORE: run the explorer modes in parallel under a timeout and a quorum (FTL EXPLORE_PATTERN).
 
-Quorum (enforced, where FTL only counted rows): distinct modes whose result is ``ok`` or
-``partial``; met with ``explorer_quorum`` of them (default 3 of 4) or with both structure and
-delta. Outcomes: quorum met -> PLAN (with ``PARTIAL_FAILURE`` naming missing modes); quorum not
-met but explorers timed out with some results -> ``timeout`` (ERROR routes to PLAN with the
+Quorum: `ftl.models.quorum_met` (distinct modes with an ``ok`` or ``partial`` result;
+``explorer_quorum`` of them, default 3 of 4, or both structure and delta). Outcomes: quorum met
+-> PLAN (with ``PARTIAL_FAILURE`` naming missing modes); quorum not met but explorers timed out with some results -> ``timeout`` (ERROR routes to PLAN with the
 partial data); otherwise -> ``quorum_failure`` (ERROR returns the partial results).
 """
 
@@ -15,12 +14,16 @@ from typing import Any
 
 from ftl import events as ev
 from ftl.errors import FtlError
+from ftl.models import EXPLORER_MODES, quorum_met
 from ftl.runner import Next, Run
 from ftl.tools import fact
 
-MODES = ("structure", "pattern", "memory", "delta")
-CRITICAL = frozenset({"structure", "delta"})
+MODES = EXPLORER_MODES
 INTENT = "explore_codebase"
+# Explorers get a slightly shorter deadline than the state waits for them, so an explorer that
+# runs out of time still returns its partial result before EXPLORE gives up on it.
+EXPLORER_SHARE = 0.9
+JOIN_GRACE_S = 5.0
 
 
 def enter(run: Run) -> Next:
@@ -32,18 +35,23 @@ def enter(run: Run) -> Next:
     timeout_s = run.config.explorer_timeout_s
 
     def explore(mode: str) -> dict[str, Any]:
-        args = {"objective": run.objective, "campaign_id": run.campaign_id, "timeout_s": timeout_s}
+        args = {"objective": run.objective, "campaign_id": run.campaign_id,
+                "timeout_s": timeout_s * EXPLORER_SHARE}
         return run.recovery.run(
             lambda attempt: run.tools.call(INTENT, facts, f"explore_{mode}", args,
                                            state="EXPLORE", cancel=stop),
-            tool=f"explore_{mode}", state="EXPLORE")
+            tool=f"explore_{mode}", state="EXPLORE", cancel=stop)
 
     pool = ThreadPoolExecutor(max_workers=max(1, len(modes)), thread_name_prefix="explorer")
     futures = {pool.submit(explore, mode): mode for mode in modes}
-    done, not_done = wait(futures, timeout=timeout_s)
-    if not_done:
-        stop.set()  # explorers poll their cancel event and stop their subprocesses
-    pool.shutdown(wait=False, cancel_futures=True)
+    try:
+        done, not_done = wait(futures, timeout=timeout_s)
+    finally:
+        # Late explorers must not act once EXPLORE is over (or on Ctrl-C): cancel them and give
+        # them a bounded moment to stop their subprocesses and record how they ended.
+        stop.set()
+        wait(futures, timeout=JOIN_GRACE_S)
+        pool.shutdown(wait=False, cancel_futures=True)
 
     for future in done:
         mode = futures[future]
@@ -62,7 +70,7 @@ def enter(run: Run) -> Next:
     run.exploration = aggregate(results, run.objective)
     run.store.save_exploration(run.campaign_id, run.exploration)
     quorum = min(run.config.explorer_quorum, len(MODES))
-    if len(usable) >= quorum or CRITICAL <= usable:
+    if quorum_met(usable, quorum):
         if missing:
             run.log.emit(ev.PARTIAL_FAILURE, missing=missing)
         return Next("plan")

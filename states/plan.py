@@ -14,6 +14,7 @@ from typing import Any
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.machine import Flow
+from ftl.recovery import classify_command
 from ftl.runner import Next, Run
 from ftl.tools import fact
 from ftl.validation import parse_plan
@@ -39,9 +40,7 @@ def enter(run: Run) -> Next:
         raise FtlError("dependency_missing",
                        {"name": "a plan (--plan FILE) or planner_command in ftl.toml"})
 
-    result = run.recovery.run(
-        lambda attempt: run.tools.call(INTENT, facts, tool, args, state="PLAN", cancel=run.cancel),
-        tool=tool, state="PLAN")
+    result = run.recovery.run(lambda attempt: _plan_once(run, facts, tool, args), tool=tool, state="PLAN")
     decision = str(result.get("decision", "UNKNOWN")).upper()
     run.log.emit(ev.PLAN_DECISION, decision=decision, tool=tool,
                  questions=result.get("questions") or [])
@@ -60,6 +59,17 @@ def enter(run: Run) -> Next:
     return _clarify(run, questions + list(result.get("questions") or []))
 
 
+def _plan_once(run: Run, facts: list, tool: str, args: dict[str, Any]) -> dict[str, Any]:
+    """One planner call. A planner that crashed or timed out without an answer is a failure
+    (emitted, classified, retried once if transient), not a clarification round."""
+    result = run.tools.call(INTENT, facts, tool, args, state="PLAN", cancel=run.cancel)
+    answered = str(result.get("decision", "UNKNOWN")).upper() != "UNKNOWN" or result.get("plan")
+    if not answered and (result.get("timed_out") or result.get("exit_code") not in (None, 0)):
+        raise classify_command({**result, "output": result.get("output_tail") or result.get("output")},
+                               what="plan")
+    return result
+
+
 def _clarify(run: Run, questions: list[str]) -> Next:
     """Count one clarification round (every non-PROCEED answer counts, UNKNOWN included)."""
     run.tracked.clarify_count += 1
@@ -69,6 +79,3 @@ def _clarify(run: Run, questions: list[str]) -> Next:
                                              "questions": questions[-20:]})
     return Next("clarify")
 
-
-def plan_summary(plan: Any) -> dict[str, Any]:
-    return {"tasks": len(plan.tasks), "objective": plan.objective}
