@@ -51,16 +51,17 @@ main { max-width: 1320px; margin: 0 auto; padding: 20px 28px 48px; }
 h1 { font-size: 22px; margin: 0 0 4px; } h2 { font-size: 17px; margin: 28px 0 8px; }
 .sub { color: #4b5563; margin: 0 0 12px; }
 .cards { display: flex; flex-wrap: wrap; gap: 10px; margin: 12px 0; }
-.card { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; padding: 8px 14px; min-width: 110px; }
+.card { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; padding: 8px 12px; flex: 1 1 84px; }
 .card b { display: block; font-size: 18px; } .card span { color: #6b7280; font-size: 12px; }
 .box { background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; padding: 10px 14px; margin: 8px 0; }
 .ok { border-left: 5px solid #16a34a; } .bad { border-left: 5px solid #dc2626; }
 .warn { border-left: 5px solid #d97706; }
 .scroll { overflow-x: auto; background: #fff; border: 1px solid #e5e7eb; border-radius: 8px; }
 table { border-collapse: collapse; width: 100%; background: #fff; font-size: 13px; }
-th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #f1f5f9; vertical-align: top; }
+th, td { text-align: left; padding: 5px 8px; border-bottom: 1px solid #f1f5f9; vertical-align: top;
+         white-space: nowrap; }
 th { background: #f3f4f6; font-weight: 600; position: sticky; top: 0; }
-td.msg { max-width: 360px; overflow-wrap: anywhere; color: #374151; }
+td.msg { max-width: 360px; overflow-wrap: anywhere; color: #374151; white-space: normal; }
 code { font: 12px ui-monospace, SFMono-Regular, Menlo, monospace; }
 .pill { display: inline-block; padding: 0 7px; border-radius: 9px; font-size: 12px; border: 1px solid; }
 ul.tree, ul.tree ul { list-style: none; margin: 0; padding-left: 18px; }
@@ -342,7 +343,7 @@ def _dag_svg(result: Replay) -> str:
     columns: dict[int, list[TaskInfo]] = {}
     for task in tasks:
         columns.setdefault(layer.get(task.seq, 0), []).append(task)
-    node_w, node_h, col_gap, row_gap, pad = 168.0, 42.0, 64.0, 14.0, 16.0
+    node_w, node_h, col_gap, row_gap, pad = 178.0, 42.0, 60.0, 14.0, 16.0
     if not have_edges:  # no graph in the log: wrap the tasks in a grid
         per_col = max(1, math.ceil(math.sqrt(len(tasks) * 2)))
         columns = {i: tasks[i * per_col:(i + 1) * per_col] for i in range(math.ceil(len(tasks) / per_col))}
@@ -504,14 +505,14 @@ def _attempts_table(result: Replay) -> str:
     for a in result.attempts:
         key = _attempt_key(a)
         fill, stroke = STATUS_COLORS[key]
-        errors = ", ".join(f"{failures[s].error_type} (seq {s})" for s in a.failures if s in failures)
+        errors = ", ".join(f"{failures[s].error_type} (seq {s})" for s in a.failures or () if s in failures)
         slug = result.tasks[a.seq].slug if a.seq in result.tasks else ""
         rows.append([
             f"<b>{_e(a.seq)}</b> {_e(slug)}", _e(a.attempt), _e(a.worker), _e(a.run),
             _e(_offset(result, a.start)), _e(_fmt_ms(a.duration_ms)),
             f'<span class="pill" style="background:{fill};border-color:{stroke}">'
             f'{_e(a.status or "interrupted")}</span>' + (f" <code>{_e(a.error_type)}</code>" if a.error_type else ""),
-            _e(a.retries), _e(", ".join(a.recoveries) or "-"), f'<td class="msg">{_e(errors or "-")}</td>',
+            _e(a.retries), _e(", ".join(a.recoveries or ()) or "-"), f'<td class="msg">{_e(errors or "-")}</td>',
         ])
     return _table(["task", "attempt", "worker", "run", "start", "duration", "outcome", "retries",
                    "recoveries", "failures (every attempt's)"], rows, "No task was started.")

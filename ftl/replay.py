@@ -36,7 +36,9 @@ Invariants checked, each violation reported with the ``seq`` of the event that b
 
 from __future__ import annotations
 
+import gc
 import json
+import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -66,6 +68,8 @@ _ROUTE_TARGETS = {Route.PLAN.value: "PLAN", Route.CASCADE.value: "CASCADE",
                   Route.OBSERVE.value: "OBSERVE"}
 _ENDED_TASK = frozenset({"complete", "blocked", "cancelled", "pending"})
 _MESSAGE_LIMIT = 300  # characters of a failure message kept (the log keeps the whole text)
+_NO_ROOTS: list[str] = []  # shared by every unblocked task; never mutated
+_intern = sys.intern  # worker, status and error_type repeat on every attempt: keep one copy
 
 
 @dataclass(slots=True)
@@ -138,9 +142,14 @@ class TaskAttempt:
     status: str | None = None
     error_type: str | None = None
     duration_ms: int | None = None
-    failures: list[int] = field(default_factory=list)
+    failures: list[int] | None = None  # seqs of this attempt's TOOL_FAILUREs (None: none)
     retries: int = 0
-    recoveries: list[str] = field(default_factory=list)
+    recoveries: list[str] | None = None  # strategies of this attempt's RECOVERY_ATTEMPTs
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["failures"], data["recoveries"] = self.failures or [], self.recoveries or []
+        return data
 
 
 @dataclass(slots=True)
@@ -152,7 +161,7 @@ class TaskInfo:
     depends: list[str] | None = None
     status: str = "pending"
     attempts: int = 0
-    blocked_by: list[str] = field(default_factory=list)
+    blocked_by: list[str] = field(default_factory=lambda: _NO_ROOTS)  # replaced, never mutated
     error_type: str | None = None
     reason: str | None = None
 
@@ -271,7 +280,7 @@ class Replay:
             "runs": [{**asdict(r), "crashed": r.crashed} for r in self.runs],
             "crash_boundaries": self.crash_boundaries,
             "states": [asdict(s) for s in self.states],
-            "tasks": [asdict(a) for a in self.attempts],
+            "tasks": [a.to_json() for a in self.attempts],
             "task_status": [asdict(t) for t in self.ordered_tasks()],
             "failures": [asdict(f) for f in self.failures],
             "retries": self.retries, "recoveries": self.recoveries, "cascade": self.cascade,
@@ -310,6 +319,11 @@ def _s(value: Any) -> str | None:
     return value if isinstance(value, str) or value is None else str(value)
 
 
+def _t(value: Any) -> str | None:
+    """`_s` for names that repeat (tools, states, error types, task seqs, op ids): one copy each."""
+    return _intern(value) if type(value) is str else _s(value)
+
+
 def _i(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
@@ -328,29 +342,44 @@ def stream(paths: Iterable[Path], result: Replay | None = None) -> Iterator[dict
     but without its look-ahead: only a file's last line can lack its newline, so whether a bad
     line is torn is known from the line itself. One line in memory at a time.
     """
-    loads = json.loads
     for path in paths:
         name = Path(path).name
         if result is not None:
             result.files.append(name)
-        with open(path, "rb") as handle:
-            number = 0
-            for raw in handle:
-                number += 1
+        yield from _read(path, name, result)
+
+
+_decode = json.JSONDecoder().raw_decode
+
+
+def _read(path: Path, name: str, result: Replay | None) -> Iterator[dict[str, Any]]:
+    # Text mode splitting on "\n" only (JSON escapes every other control character); bytes that
+    # are not UTF-8 become U+FFFD instead of stopping the read. raw_decode skips json.loads's
+    # type checks and trailing-whitespace regex: the hot path of a multi-GB replay.
+    decode = _decode
+    with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+        number = 0
+        for line in handle:
+            number += 1
+            try:
+                event, end = decode(line)
+                if end < len(line) - 1 and line[end:].strip():
+                    event = None  # trailing garbage: two records glued together
+            except (ValueError, RecursionError):
                 try:
-                    event = loads(raw)
-                except ValueError:
+                    event = json.loads(line)  # leading whitespace, or really invalid
+                except (ValueError, RecursionError):
                     event = None
-                if type(event) is dict:
-                    yield event
-                    continue
-                if not raw.strip():
-                    continue
-                if result is not None:
-                    if raw.endswith(b"\n"):
-                        result.invalid_lines.append({"file": name, "line": number})
-                    else:
-                        result.torn_tails.append(name)
+            if type(event) is dict:
+                yield event
+                continue
+            if not line.strip():
+                continue
+            if result is not None:
+                if line.endswith("\n"):
+                    result.invalid_lines.append({"file": name, "line": number})
+                else:
+                    result.torn_tails.append(name)
 
 
 # ---------------------------------------------------------------------------------- checking
@@ -369,6 +398,11 @@ class _Checker:
 
     def __init__(self, result: Replay) -> None:
         self.r = result
+        self.count = 0
+        self.first_ts: str | None = None
+        self.campaign_id: str | None = None
+        self.prev_seq: int | None = None
+        self.prev_ts: str | None = None
         self.last_seq = 0
         self.run_index = -1
         self.segment: RunSegment | None = None
@@ -404,7 +438,7 @@ class _Checker:
             ev.CASCADE_STATUS: self.on_cascade_status, ev.CASCADE_ANALYSIS: self.on_cascade_analysis,
             ev.CASCADE_REPLAN: self.on_cascade_replan, ev.CASCADE_PROPAGATE: self.on_cascade_propagate,
             ev.CASCADE_MERGE_FAILED: self.on_cascade_merge_failed,
-            ev.LOG_REPAIRED: self.on_log_repaired,
+            ev.LOG_REPAIRED: self.on_log_repaired, ev.RESUME: self.on_resume,
         }
         self.actions = ev.ACTION_EVENTS
         self._file = ""
@@ -428,9 +462,9 @@ class _Checker:
 
     # --- the hot path ---
     def feed(self, e: dict[str, Any]) -> None:
-        r = self.r
-        r.events += 1
-        seq = e.get("seq")
+        self.count += 1
+        get = e.get
+        seq = get("seq")
         if type(seq) is int and seq > self.last_seq:
             self.last_seq = seq
         else:
@@ -438,35 +472,44 @@ class _Checker:
                            f"seq {seq} after {self.last_seq}")
             if type(seq) is not int:
                 seq = None
-        ts = e.get("ts")
-        if r.first_ts is None:
-            r.first_ts = ts
-        r.last_ts = ts
-        campaign = e.get("campaign_id")
-        if r.campaign_id is None:
-            r.campaign_id = campaign
-        elif campaign != r.campaign_id and campaign not in r.other_campaigns:
-            r.other_campaigns.append(campaign)
-        name = e.get("event")
-        if not isinstance(name, str):
+        ts = get("ts")
+        if type(ts) is not str:
+            ts = _s(ts)
+        if self.first_ts is None:
+            self.first_ts = ts
+        campaign = get("campaign_id")
+        if campaign != self.campaign_id:
+            self._campaign(campaign)
+        name = get("event")
+        if type(name) is not str:
             name = _s(name)
         if name in self.actions:
             if not self.in_state:
                 self.violation(seq, "action_in_state", f"{name} outside any state")
-            elif e.get("state") != self.state:
+            elif get("state") != self.state:
                 self.violation(seq, "action_in_state",
                                f"{name} names state {e.get('state')}, current {self.state}")
         handler = self.handlers.get(name)
         if handler is not None:
             handler(e, seq, ts)
-        segment = self.segment
-        if segment is not None:
-            segment.last_seq, segment.last_ts = seq, ts
+        self.prev_seq, self.prev_ts = seq, ts
+
+    def _campaign(self, campaign: Any) -> None:
+        r = self.r
+        if self.campaign_id is None and r.campaign_id is None:
+            self.campaign_id = r.campaign_id = _s(campaign)
+        elif campaign not in r.other_campaigns:
+            r.other_campaigns.append(_s(campaign))
+
+    def _close_segment(self) -> None:
+        if self.segment is not None:
+            self.segment.last_seq, self.segment.last_ts = self.prev_seq, self.prev_ts
 
     # --- runs and states ---
     def on_run_start(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         r = self.r
         previous = self.segment
+        self._close_segment()
         if previous is not None and previous.outcome is None:
             # The previous process died: its in-flight work is cut, not wrong.
             previous.interrupted_state = self.state
@@ -535,7 +578,7 @@ class _Checker:
         span.interrupted = span.interrupted or interrupted
 
     def on_state_entry(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
-        state = _s(e.get("state"))
+        state = _t(e.get("state"))
         resumed = bool(e.get("resumed"))
         if self.expect_entry is not None and state != self.expect_entry:
             self.violation(seq, "state_transitions",
@@ -553,14 +596,14 @@ class _Checker:
         self.state, self.in_state = state, True
         self.state_failures = []
         span = StateSpan(str(state), seq, _s(ts), self.run_index, resumed=resumed,
-                         error_type=_s(e.get("error_type")))
+                         error_type=_t(e.get("error_type")))
         self.span = span
         self.r.states.append(span)
         if state == "ERROR":
             self.error_entries += 1
             if not e.get("error_type"):
                 self.violation(seq, "error_state", "ERROR entered without an error_type")
-            self.error = {"error_type": _s(e.get("error_type")), "seq": seq}
+            self.error = {"error_type": _t(e.get("error_type")), "seq": seq}
 
     def on_phase_transition(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         source = str(e.get("from") or "").upper()
@@ -603,9 +646,9 @@ class _Checker:
         message = _s(e.get("message"))
         if message is not None and len(message) > _MESSAGE_LIMIT:
             message = message[:_MESSAGE_LIMIT] + "..."
-        task = _s(e.get("task_seq"))
-        failure = Failure(seq, _s(ts), _s(e.get("state")), _s(e.get("tool")), task, _s(e.get("op_id")),
-                          _i(e.get("attempt")), _s(e.get("error_type")), message, self.run_index)
+        task = _t(e.get("task_seq"))
+        failure = Failure(seq, _s(ts), _t(e.get("state")), _t(e.get("tool")), task, _t(e.get("op_id")),
+                          _i(e.get("attempt")), _t(e.get("error_type")), message, self.run_index)
         self.r.failures.append(failure)
         if seq is not None:
             self.unclassified[seq] = failure
@@ -621,7 +664,10 @@ class _Checker:
             self.task_failures[task] = failure
             attempt = self.running.get(task)
             if attempt is not None and seq is not None:
-                attempt.failures.append(seq)
+                if attempt.failures is None:
+                    attempt.failures = [seq]
+                else:
+                    attempt.failures.append(seq)
 
     def on_failure_classified(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         failure = self.unclassified.pop(_i(e.get("failure_seq")), None)
@@ -630,7 +676,7 @@ class _Checker:
                            f"classification of failure {e.get('failure_seq')}, which is unknown or "
                            "already classified")
             return
-        failure.klass, failure.decision, failure.classified_seq = _s(e.get("klass")), _s(e.get("decision")), seq
+        failure.klass, failure.decision, failure.classified_seq = _t(e.get("klass")), _t(e.get("decision")), seq
         registry = REGISTRY.get(str(failure.error_type))
         if registry is not None and failure.klass and failure.klass != registry.klass.value:
             self.violation(seq, "classify_before_act",
@@ -645,10 +691,10 @@ class _Checker:
         return None
 
     def on_retry(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
-        op, task = _s(e.get("op_id")), _s(e.get("task_seq"))
-        self.r.retries.append({"seq": seq, "ts": _s(ts), "op_id": op, "tool": _s(e.get("tool")),
+        op, task = _t(e.get("op_id")), _t(e.get("task_seq"))
+        self.r.retries.append({"seq": seq, "ts": _s(ts), "op_id": op, "tool": _t(e.get("tool")),
                                "task_seq": task, "attempt": _i(e.get("attempt")),
-                               "wait_ms": _i(e.get("wait_ms")), "error_type": _s(e.get("error_type")),
+                               "wait_ms": _i(e.get("wait_ms")), "error_type": _t(e.get("error_type")),
                                "run": self.run_index})
         pending = self._unclassified_of(op, task)
         if pending is not None:
@@ -673,11 +719,11 @@ class _Checker:
             attempt.retries += 1
 
     def on_recovery_attempt(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
-        op, task = _s(e.get("op_id")), _s(e.get("task_seq"))
-        strategy, success = _s(e.get("strategy")), e.get("success") is True
+        op, task = _t(e.get("op_id")), _t(e.get("task_seq"))
+        strategy, success = _t(e.get("strategy")), e.get("success") is True
         self.r.recoveries.append({"seq": seq, "ts": _s(ts), "strategy": strategy, "success": success,
-                                  "error_type": _s(e.get("error_type")), "task_seq": task, "op_id": op,
-                                  "state": _s(e.get("state")), "run": self.run_index})
+                                  "error_type": _t(e.get("error_type")), "task_seq": task, "op_id": op,
+                                  "state": _t(e.get("state")), "run": self.run_index})
         pending = self._unclassified_of(op, task)
         if pending is not None:
             self.violation(seq, "classify_before_act",
@@ -695,7 +741,7 @@ class _Checker:
             failure.outcome_seq = seq
         attempt = self.running.get(task) if task is not None else None
         if attempt is not None and strategy:
-            attempt.recoveries.append(str(strategy))
+            attempt.recoveries = [*(attempt.recoveries or ()), strategy]
         if strategy == "replan" and success:
             self.replan_open = True  # the merge may reopen blocked tasks
 
@@ -749,8 +795,8 @@ class _Checker:
             info.slug = _s(slugs.get(task, info.slug))
 
     def on_task_start(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
-        task = str(e.get("task_seq") or "")
-        info = self._task(task)
+        info = self._task(str(e.get("task_seq") or ""))
+        task = info.seq  # one str object per task, shared by its attempts
         if info.slug is None:
             workspace = str(e.get("workspace_id") or "")
             info.slug = workspace[len(task) + 1:] if workspace.startswith(task + "-") else None
@@ -761,16 +807,24 @@ class _Checker:
         elif info.status == "blocked" and not self.replan_open:
             self.violation(seq, "task_transitions", f"task {task} started while blocked, without a re-plan")
         if info.depends:
+            tasks = self.r.tasks
             open_deps = [d for d in info.depends
-                         if d in self.r.tasks and self.r.tasks[d].status not in ("complete", "interrupted")]
+                         if d in tasks and tasks[d].status not in ("complete", "interrupted")]
+            for dep in info.depends:
+                if dep in tasks and tasks[dep].status == "interrupted":
+                    tasks[dep].status = "complete"  # the store let its dependent start
             if open_deps:
                 self.violation(seq, "task_transitions",
                                f"task {task} started before {', '.join(open_deps)} completed")
-        attempt = TaskAttempt(task, _s(e.get("worker")), _i(e.get("attempt")), _s(ts), seq, self.run_index)
+        worker = e.get("worker")
+        attempt = TaskAttempt(task, _intern(worker) if type(worker) is str else _s(worker),
+                              _i(e.get("attempt")), ts, seq, self.run_index)
         self.running[task] = attempt
         self.r.attempts.append(attempt)
         info.status, info.attempts = "running", info.attempts + 1
-        info.blocked_by, info.error_type, info.reason = [], None, None
+        if info.blocked_by:
+            info.blocked_by = _NO_ROOTS
+        info.error_type = info.reason = None
 
     def on_task_end(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         task = str(e.get("task_seq") or "")
@@ -778,27 +832,31 @@ class _Checker:
         if attempt is None:
             self.violation(seq, "task_transitions", f"task {task} ended without a start")
             return
-        status = _s(e.get("status"))
+        status = e.get("status")
+        status = _intern(status) if type(status) is str else _s(status)
         if status not in _ENDED_TASK:
             self.violation(seq, "task_transitions", f"task {task} ended with unknown status {status}")
-        pending = self._unclassified_of(None, task)
+        pending = self._unclassified_of(None, task) if self.unclassified else None
         if pending is not None:
             self.violation(seq, "classify_before_act",
                            f"task {task} ended before failure {pending.seq} was classified")
-        attempt.end, attempt.end_seq, attempt.status = _s(ts), seq, status
-        attempt.error_type = _s(e.get("error_type"))
+        attempt.end, attempt.end_seq, attempt.status = ts, seq, status
+        error_type = e.get("error_type")
+        attempt.error_type = _intern(error_type) if type(error_type) is str else _s(error_type)
         attempt.duration_ms = _i(e.get("duration_ms"))
         if attempt.duration_ms is None:
             attempt.duration_ms = _ms_between(attempt.start, ts)
-        info = self._task(task)
+        info = self.r.tasks[attempt.seq]
         info.status = "pending" if status == "cancelled" else str(status)
         if status == "blocked":
-            info.error_type = _s(e.get("error_type"))
+            info.error_type = attempt.error_type
             failure = self.task_failures.get(task)
             info.reason = failure.message if failure is not None else None
-        self.task_failures.pop(task, None)
-        for op in [op for op, state in self.ops.items() if state.task_seq == task]:
-            del self.ops[op]
+        if self.task_failures:
+            self.task_failures.pop(task, None)
+        if self.ops:
+            for op in [op for op, state in self.ops.items() if state.task_seq == task]:
+                del self.ops[op]
 
     # --- cascade ---
     def on_cascade_status(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -829,11 +887,21 @@ class _Checker:
             info.status = "blocked"
             info.blocked_by = [str(root) for root in _list(item.get("blocked_by"))]
 
+    def on_resume(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        # Tasks the crash cut that the store still had running go back to pending; the others
+        # had their outcome committed but not logged (a kill between the commit and TASK_END).
+        for task in _list(e.get("reset_tasks")):
+            info = self.r.tasks.get(str(task))
+            if info is not None and info.status == "interrupted":
+                info.status = "pending"
+
     def on_log_repaired(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         self.r.repaired.append({"seq": seq, "truncated_bytes": e.get("truncated_bytes")})
 
     def finish(self) -> None:
         r = self.r
+        r.events, r.first_ts, r.last_ts = self.count, self.first_ts, self.prev_ts
+        self._close_segment()
         if self.segment is None:
             self.violation(None, "ends_properly", "the log holds no RUN_START")
             return
@@ -866,11 +934,21 @@ def replay(paths: Iterable[Path]) -> Replay:
     result = Replay()
     checker = _Checker(result)
     feed = checker.feed
-    for path in paths:
-        checker._file = Path(path).name
-        for event in stream([path], result):
-            feed(event)
-    checker.finish()
+    # The story is hundreds of thousands of small long-lived objects and no reference cycles:
+    # the cyclic collector would rescan all of them again and again (quadratic on big logs).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for path in paths:
+            name = Path(path).name
+            result.files.append(name)
+            checker._file = name
+            for event in _read(path, name, result):
+                feed(event)
+        checker.finish()  # see _read for the parse (raw_decode: the hot path)
+    finally:
+        if collecting:
+            gc.enable()
     return result
 
 
@@ -1102,12 +1180,18 @@ def diff_decisions(a_paths: Iterable[Path], b_paths: Iterable[Path], *, context:
     lanes_a: dict[str, list[Decision]] = {}
     lanes_b: dict[str, list[Decision]] = {}
     count_a = count_b = 0
-    for d in decisions(a_paths):
-        lanes_a.setdefault(d.lane, []).append(d)
-        count_a += 1
-    for d in decisions(b_paths):
-        lanes_b.setdefault(d.lane, []).append(d)
-        count_b += 1
+    collecting = gc.isenabled()
+    gc.disable()  # as in `replay`: many long-lived tuples, no cycles
+    try:
+        for d in decisions(a_paths):
+            lanes_a.setdefault(d.lane, []).append(d)
+            count_a += 1
+        for d in decisions(b_paths):
+            lanes_b.setdefault(d.lane, []).append(d)
+            count_b += 1
+    finally:
+        if collecting:
+            gc.enable()
     diffs: list[LaneDiff] = []
     for lane in sorted(set(lanes_a) | set(lanes_b), key=lambda name: (name != "run", name)):
         xs, ys = lanes_a.get(lane, []), lanes_b.get(lane, [])

@@ -7,6 +7,7 @@ fuzz that feeds replay arbitrary events."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import tracemalloc
 from pathlib import Path
@@ -350,6 +351,18 @@ def test_a_dependency_cut_by_a_crash_may_have_completed(tmp_path: Path) -> None:
     result = log.finish_clean().replay(tmp_path)
     assert result.violations == [] and result.crash_boundaries == [13]
     assert result.runs[0].interrupted_tasks == ["001"]
+    assert result.tasks["001"].status == "complete"  # inferred: the store let 002 start
+
+
+def test_a_task_the_resume_reset_is_pending_again(tmp_path: Path) -> None:
+    log = _Log().to_execute({"001": [], "002": []})
+    for task in ("001", "002"):
+        log.add(ev.TASK_START, task_seq=task, worker=f"w{task[-1]}", attempt=1)
+    log.add(ev.RUN_START, state=None, mode="campaign", resume=True)
+    log.add(ev.RESUME, state=None, from_state="EXECUTE", reset_tasks=["002"])
+    result = log.replay(tmp_path)
+    # 002 was still running in the store: back to pending. 001's end was committed, not logged.
+    assert result.tasks["002"].status == "pending" and result.tasks["001"].status == "interrupted"
 
 
 def test_a_blocked_task_restarts_only_after_a_replan(tmp_path: Path) -> None:
@@ -511,6 +524,16 @@ def test_a_corrupt_middle_line_is_listed_and_skipped(tmp_path: Path) -> None:
     assert result.events == 29
     # PLAN_REGISTERED now seems to run after PLAN was left: the postmortem says so.
     assert ("action_in_state", 11) in _rules(result)
+
+
+def test_glued_and_absurdly_nested_lines_are_listed_not_fatal(tmp_path: Path) -> None:
+    lines = (LOGS / "clean.jsonl").read_text().splitlines()
+    lines[3] = lines[3] + lines[4]  # two records on one line (an append after a torn tail)
+    lines[6] = "[" * 100_000
+    path = tmp_path / "odd.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = replay([path])
+    assert result.invalid_lines == [{"file": "odd.jsonl", "line": 4}, {"file": "odd.jsonl", "line": 7}]
 
 
 def test_an_event_without_seq_is_a_violation_not_a_crash() -> None:
@@ -735,9 +758,10 @@ def test_cli_against(tmp_path: Path) -> None:
 _EVENT_NAMES = [ev.RUN_START, ev.RUN_END, ev.STATE_ENTRY, ev.PHASE_TRANSITION, ev.TOOL_FAILURE,
                 ev.FAILURE_CLASSIFIED, ev.RETRY, ev.RECOVERY_ATTEMPT, ev.TASK_START, ev.TASK_END,
                 ev.CASCADE_PROPAGATE, ev.PLAN_REGISTERED, ev.ERROR_ROUTE, ev.RETURN, "NOT_AN_EVENT"]
-_ANY = st.recursive(st.none() | st.booleans() | st.integers(-3, 40) | st.text(max_size=6),
-                    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
-                    max_leaves=6)
+_SCALAR = st.none() | st.booleans() | st.integers(-3, 40) | st.text(max_size=6)
+_ANY = _SCALAR | st.lists(_SCALAR, max_size=3) | st.dictionaries(st.text(max_size=4), _SCALAR, max_size=3) \
+    | st.lists(st.dictionaries(st.sampled_from(["seq", "blocked_by"]), _SCALAR | st.lists(_SCALAR, max_size=2)),
+               max_size=2)
 _FIELDS = ["state", "task_seq", "op_id", "failure_seq", "decision", "klass", "error_type", "status",
            "from", "to", "trigger", "route", "summary", "propagated", "seqs", "depends", "config",
            "duration_ms", "ts", "worker", "attempt", "resume", "resumed", "success", "strategy"]
@@ -758,3 +782,43 @@ def test_replay_never_raises_on_arbitrary_events(tmp_path: Path, items: list) ->
     render_html(result)
     json.dumps(result.to_json(), default=str)
     diff_decisions([path], [path])
+
+
+# --------------------------------------------------------------------------- ftl diagram
+
+_MERMAID_LINE = re.compile(r"^(stateDiagram-v2|    \[\*\] --> INIT|    [A-Z]+ --> [A-Z]+: [a-z]+( \[[a-z_]+\])?"
+                           r"|    note right of ERROR: .+|    COMPLETE --> \[\*\]|    ERROR --> \[\*\]: return)$")
+
+
+@pytest.mark.parametrize("flow", ["campaign", "task"])
+def test_diagram_machine_draws_every_transition_of_the_flow(flow: str) -> None:
+    from ftl.machine import TRANSITIONS, Flow
+
+    out = CliRunner().invoke(ftl_main, ["diagram", "machine", "--flow", flow])
+    assert out.exit_code == 0
+    lines = out.output.splitlines()
+    assert all(_MERMAID_LINE.match(line) for line in lines), [l for l in lines if not _MERMAID_LINE.match(l)]
+    edges = {tuple(re.match(r"    (\w+) --> (\w+): (\w+)", line).groups()) for line in lines
+             if re.match(r"    [A-Z]+ --> [A-Z]+: ", line)}
+    expected = {(source, row["dest"], row["trigger"]) for row in TRANSITIONS[Flow(flow)] if row["trigger"] != "fail"
+                for source in (row["source"] if isinstance(row["source"], list) else [row["source"]])}
+    assert edges == expected
+    assert ("BUILD" in out.output) == (flow == "task") and ("REGISTER" in out.output) == (flow == "campaign")
+
+
+def test_diagram_plan_draws_the_plans_dag() -> None:
+    plan = Path(__file__).resolve().parents[1] / "examples" / "failure-drill" / "plan.json"
+    out = CliRunner().invoke(ftl_main, ["diagram", "plan", str(plan)])
+    assert out.exit_code == 0 and out.output.startswith("flowchart LR\n")
+    nodes = re.findall(r'^    t(\d+)\["(\d+) ([a-z0-9-]+)"\]$', out.output, re.M)
+    assert [(n, s) for n, s, _ in nodes] == [(f"00{i}", f"00{i}") for i in range(1, 7)]
+    edges = set(re.findall(r"^    t(\d+) --> t(\d+)$", out.output, re.M))
+    assert edges == {("001", "002"), ("002", "003"), ("003", "004"), ("006", "004"), ("005", "006")}
+
+
+def test_diagram_plan_rejects_an_invalid_plan(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"objective": "x", "tasks": [{"seq": "001", "slug": "a", "verify": "true",
+                                                            "depends": "009"}]}))
+    out = CliRunner().invoke(ftl_main, ["diagram", "plan", str(bad)])
+    assert out.exit_code == 2 and "009" in out.output and "Traceback" not in out.output
