@@ -2,9 +2,11 @@
 
 The order on every failure is FTL ERROR_HANDLING's, enforced here rather than asked for:
 emit ``TOOL_FAILURE`` -> classify (``FAILURE_CLASSIFIED`` with the decision) -> a transient
-failure is retried once (``RETRY`` first, honouring ``retry_after_ms``; a failing verify up to
-twice, as a possibly flaky test) -> still failing, it is structural and the caller attempts
-in-state recovery (``RECOVERY_ATTEMPT``) or goes to ERROR.
+failure is retried once (``RETRY`` first, honouring ``retry_after_ms`` up to
+``retry_backoff_max_s``; a failing verify up to twice, as a possibly flaky test) -> still
+failing, it is structural and the caller attempts in-state recovery (``RECOVERY_ATTEMPT``) or
+goes to ERROR. A cancel (the run's, or the operation's own) ends a backoff at once and starts
+no further attempt.
 
 Classification is a pure function of the failure (output text, exit status, timeout flag), so
 it is tested without processes or clocks.
@@ -117,7 +119,10 @@ class RetryPolicy:
         transient_retries: retries of a transient failure (FTL: once).
         flaky_retries: retries of a failing verify (FTL: up to 2 for flaky tests).
         backoff_min_s / backoff_max_s: exponential backoff bounds, s; a server's
-            ``retry_after_ms`` wins when larger (no jitter, so replays are identical).
+            ``retry_after_ms`` wins when larger, but no wait exceeds ``backoff_max_s``
+            (config ``retry_backoff_max_s``), so a server asking for a day cannot stall a
+            campaign: the retry then fails again and the failure is structural. No jitter, so
+            replays are identical.
     """
 
     transient_retries: int = 1
@@ -133,9 +138,11 @@ class RetryPolicy:
         return 1 + self.transient_retries
 
     def wait_s(self, attempt_number: int, error: BaseException | None) -> float:
-        backoff = min(self.backoff_max_s, self.backoff_min_s * (2 ** max(0, attempt_number - 1)))
+        """Seconds to wait before attempt ``attempt_number + 1``:
+        ``min(max(backoff, retry_after), backoff_max_s)``."""
+        backoff = self.backoff_min_s * (2 ** max(0, attempt_number - 1))
         hint = getattr(error, "retry_after_ms", None)
-        return max(backoff, (hint or 0) / 1000.0)
+        return min(max(backoff, (hint or 0) / 1000.0), self.backoff_max_s)
 
 
 _op_counter = itertools.count(1)
@@ -148,8 +155,9 @@ class RecoveryProtocol:
         log: the campaign's event log.
         policy: the retry policy (built from config).
         sleep: called with seconds between attempts; inject a recorder in tests. The default
-            waits on ``cancel`` so Ctrl-C does not sit out a backoff.
-        cancel: when set, no further attempt starts.
+            waits on the operation's cancel event (see `run`), so Ctrl-C does not sit out a
+            backoff.
+        cancel: the run's cancel event: when set, no further attempt of any operation starts.
     """
 
     def __init__(self, log: ev.EventLog, policy: RetryPolicy, *,
@@ -158,19 +166,33 @@ class RecoveryProtocol:
         self.log = log
         self.policy = policy
         self.cancel = cancel or threading.Event()
-        self.sleep = sleep or (lambda seconds: self.cancel.wait(seconds))
+        self._sleep = sleep
 
     def run(self, action: Callable[[int], T], *, tool: str, seq: str | None = None,
-            state: str | None = None, escalate: Callable[[FtlError], FtlError] | None = None) -> T:
+            state: str | None = None, escalate: Callable[[FtlError], FtlError] | None = None,
+            cancel: threading.Event | None = None) -> T:
         """Call ``action(attempt_number)`` until it succeeds or the policy gives up.
 
         ``action`` raises FtlError on failure (use `classify_command` for command results).
         Returns the action's value. Raises the final FtlError when attempts are exhausted,
         passed through ``escalate`` (e.g. flaky_test -> verify_failed): after its retries a
         transient failure is structural (FTL ERROR_HANDLING).
+
+        ``cancel`` is this operation's own cancel event (a task's scheduler token, an explorer
+        pool's stop flag). When it or the protocol's ``cancel`` is set, the failure is not
+        retried (decision ``escalate``/``structural``) and no further attempt starts, even one
+        already waited for; the default sleep waits on it, so a backoff ends the moment it is set
+        (the scheduler token and the explorer stop flag are both set on Ctrl-C, so a wait never
+        outlives the run's cancel).
         """
         op_id = f"op{next(_op_counter)}-{uuid.uuid4().hex[:6]}"
         policy = self.policy
+        own = cancel if cancel is not None else self.cancel
+
+        def cancelled() -> bool:
+            return own.is_set() or self.cancel.is_set()
+
+        sleep = self._sleep or own.wait
 
         def attempt_once(retry_state_number: int) -> T:
             try:
@@ -184,7 +206,7 @@ class RecoveryProtocol:
                     attempt=retry_state_number, error_type=error.error_type,
                     message=error.message, details=error.details)
                 allowed = policy.attempts_for(error)
-                decision = "retry" if (retry_state_number < allowed and not self.cancel.is_set()) \
+                decision = "retry" if (retry_state_number < allowed and not cancelled()) \
                     else ("escalate" if error.transient else "structural")
                 self.log.emit(ev.FAILURE_CLASSIFIED, state=state, op_id=op_id, tool=tool, task_seq=seq,
                               failure_seq=failure["seq"], error_type=error.error_type,
@@ -195,7 +217,7 @@ class RecoveryProtocol:
 
         def stop(retry_state: RetryCallState) -> bool:
             error = retry_state.outcome.exception() if retry_state.outcome else None
-            return self.cancel.is_set() or retry_state.attempt_number >= policy.attempts_for(error)
+            return cancelled() or retry_state.attempt_number >= policy.attempts_for(error)
 
         def wait(retry_state: RetryCallState) -> float:
             error = retry_state.outcome.exception() if retry_state.outcome else None
@@ -211,12 +233,12 @@ class RecoveryProtocol:
         retrying = Retrying(
             retry=lambda rs: rs.outcome is not None and rs.outcome.failed
             and isinstance(rs.outcome.exception(), FtlError),
-            stop=stop, wait=wait, sleep=self.sleep, before_sleep=before_sleep, reraise=True)
+            stop=stop, wait=wait, sleep=sleep, before_sleep=before_sleep, reraise=True)
         try:
             last: FtlError | None = None
             for attempt in retrying:
                 with attempt:
-                    if last is not None and self.cancel.is_set():
+                    if last is not None and cancelled():
                         raise last  # cancelled during the backoff: no further attempt
                     try:
                         return attempt_once(attempt.retry_state.attempt_number)

@@ -4,8 +4,15 @@ The loop is deliberately small: enter a state (``STATE_ENTRY`` first, then the s
 tracked variables are saved to the store), run that state's handler from ``ftl.states``, fire
 the trigger it returns. A handler that raises goes to ERROR at once: the failure is emitted and
 classified (if the recovery protocol has not already done it) and ``fail`` is the next and only
-trigger. A run ends in COMPLETE, or RETURNs from ERROR with a summary, or is cancelled (Ctrl-C)
-and left resumable.
+trigger. A trigger the machine refuses (an illegal transition) goes to ERROR the same way. A
+run ends in COMPLETE, or RETURNs from ERROR with a summary, or is cancelled (Ctrl-C) and left
+resumable. An error outside any state (the store cannot save the machine, or cannot finish the
+campaign) stops the run: ``RUN_END`` (outcome ``cancelled``, ``reason: "error"``, resumable) is
+still written, the log and the tool server are closed, and the error is raised to the caller.
+
+One process drives a repository's campaign at a time: `Runner.start` and `Runner.resume` hold
+an exclusive ``flock`` on ``.ftl/run.lock`` for the whole drive (a second process gets
+``conflict`` naming the holder's pid). The lock dies with its process, so ``kill -9`` frees it.
 
 Exit codes (FTL has none; these are ftl's): 0 every task complete, 3 finished with blocked
 tasks, 4 returned from ERROR, 130 cancelled.
@@ -13,12 +20,18 @@ tasks, 4 returned from ERROR, 130 cancelled.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
+
+try:  # POSIX; elsewhere runs are not locked against a second process (a warning per drive)
+    import fcntl
+except ImportError:  # pragma: no cover - not Linux/macOS
+    fcntl = None  # type: ignore[assignment]
 
 from ftl import events as ev
 from ftl.config import Config
@@ -32,7 +45,12 @@ from ftl.tools import ToolClient
 _LOG = logging.getLogger("ftl")
 
 EXIT_OK, EXIT_BLOCKED, EXIT_RETURNED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 3, 4, 2, 130
+EXIT_STOPPED = 1  # an error outside any state stopped the run (the CLI's internal-error code)
 MAX_ERROR_ENTRIES = 5
+LOCK_FILE = "run.lock"
+#: Key in the stored tracked variables: a re-plan was merged and EXECUTE has not started on it
+#: yet (written with the merge, in one transaction; see ``states/cascade.py``).
+REPLAN_MERGED = "replan_merged"
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,8 @@ class Run:
     error: FtlError | None = None
     error_origin: str | None = None
     replan_ok: bool = False
+    replan_pending: bool = False  # a merged re-plan not yet handed to EXECUTE (REPLAN_MERGED)
+    ended: bool = False  # RUN_END written
     cascade_analysis: dict[str, Any] | None = None
     observation: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
@@ -114,6 +134,14 @@ class Run:
     def state(self) -> State:
         return State(self.machine_state)
 
+    def tracked_json(self) -> dict[str, Any]:
+        """The tracked variables as stored: `Tracked` plus the ``replan_merged`` marker while a
+        merged re-plan waits for EXECUTE."""
+        data = self.tracked.to_json()
+        if self.replan_pending:
+            data[REPLAN_MERGED] = True
+        return data
+
     def facts(self) -> list[dict[str, Any]]:
         """Facts that describe the campaign to the tool server (MangleCP intent_request)."""
         from ftl.tools import fact
@@ -127,19 +155,22 @@ def connect(config: Config, repo: Path) -> Any:
     """The MangleCP client for ``config.server``: ftl's embedded server over stdio (default),
     ``stdio:CMD`` or an http(s) URL (`ftl.server.app.connect` documents the forms).
 
+    The client never retries on its own (``max_retries=0``): every retry is the recovery
+    protocol's, announced by ``TOOL_FAILURE`` / ``FAILURE_CLASSIFIED`` / ``RETRY``.
+
     Raises:
         FtlError(configuration_error): an unrecognised server address.
     """
     from ftl.server.app import connect as connect_server
 
-    return connect_server(repo, config)
+    return connect_server(repo, config, max_retries=0)
 
 
 def connect_in_process(config: Config, repo: Path) -> Any:
-    """The embedded server in this process (tests; no subprocess to start)."""
+    """The embedded server in this process (tests; no subprocess to start); no client retries."""
     from ftl.server.app import connect as connect_server
 
-    return connect_server(repo, config, in_process=True)
+    return connect_server(repo, config, in_process=True, max_retries=0)
 
 
 class Runner:
@@ -151,6 +182,8 @@ class Runner:
         client_factory: builds the MangleCP client (tests pass a recording one); default `connect`.
         sleep: injected into the retry protocol (tests record delays instead of sleeping).
         on_event: a listener for every event (progress views).
+
+    A context manager: leaving it (or `close`) closes the store.
     """
 
     def __init__(self, repo: Path, config: Config, *,
@@ -163,7 +196,16 @@ class Runner:
         self.sleep = sleep
         self.on_event = on_event
         self.store = Store.for_repo(repo)
-        _attach_server_log(repo)
+
+    def close(self) -> None:
+        """Close the store. Idempotent."""
+        self.store.close()
+
+    def __enter__(self) -> "Runner":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
 
     # --- entry points ---
     def start(self, objective: str, *, plan_input: dict[str, Any] | None = None,
@@ -172,20 +214,23 @@ class Runner:
 
         Raises:
             FtlError(conflict): another campaign is active in this repository (resume or
-                finish it first).
+                finish it first), or another ftl process is driving one.
         """
-        # Connect first: a tool server that cannot be reached must not leave a campaign active.
-        client = self.client_factory(self.config, self.repo)
-        try:
-            campaign = self.store.create_campaign(objective, flow=flow.value)
-        except BaseException:
-            _close(client)
-            raise
-        run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input, client=client)
-        run.log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
-                     pid=os.getpid(), config=self.config.model_dump(mode="json"))
-        self._save_inputs(run)
-        return self._drive(run, CampaignMachine(run, flow, State.INIT))
+        with self._driving(None):
+            # Connect first: a tool server that cannot be reached must not leave a campaign active.
+            client = self.client_factory(self.config, self.repo)
+            try:
+                # The inputs go in with the campaign: a resume must always be able to rebuild it.
+                campaign = self.store.create_campaign(
+                    objective, flow=flow.value,
+                    inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input})
+                run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input, client=client)
+            except BaseException:
+                _close(client)
+                raise
+            run.log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
+                         pid=os.getpid(), config=self.config.model_dump(mode="json"))
+            return self._drive(run, CampaignMachine(run, flow, State.INIT))
 
     def resume(self, campaign_id: str | None = None) -> RunResult:
         """Continue an interrupted campaign from its stored state.
@@ -195,33 +240,66 @@ class Runner:
 
         Raises:
             FtlError(not_found): no such campaign, or no active campaign to resume.
+            FtlError(conflict): the campaign is finished, or another ftl process is running it
+                (its running tasks are then left alone).
         """
-        campaign = self.store.get_campaign(campaign_id) if campaign_id else self.store.active_campaign()
-        if campaign is None:
-            raise FtlError("not_found", {"what": "an active campaign to resume"})
-        if campaign["status"] != "active":
-            raise FtlError("conflict", {"what": f"campaign {campaign['id']} is {campaign['status']}, "
-                                                "not active; nothing to resume"})
-        inputs = campaign.get("inputs") or {}
-        tracked = Tracked.from_json(campaign.get("tracked"))
-        run = self._make_run(campaign, tracked, inputs.get("plan_input"), inputs.get("revised_plan_input"))
-        state = State(campaign.get("machine_state") or State.INIT.value)
-        try:
-            run.current_plan = self.store.get_plan(run.campaign_id)
-        except FtlError:
-            run.current_plan = None
-        if campaign.get("error"):
-            run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
-        reset = self.store.reset_running(run.campaign_id)
-        run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
-                     resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"))
-        run.log.emit(ev.RESUME, state=None, from_state=state.value, reset_tasks=reset)
-        return self._drive(run, CampaignMachine(run, run.flow, state), resumed=True)
+        # Locked before anything is read: reset_running must never touch the tasks of a live run.
+        with self._driving(campaign_id):
+            campaign = self.store.get_campaign(campaign_id) if campaign_id else self.store.active_campaign()
+            if campaign is None:
+                raise FtlError("not_found", {"what": "an active campaign to resume"})
+            if campaign["status"] != "active":
+                raise FtlError("conflict", {"what": f"campaign {campaign['id']} is {campaign['status']}, "
+                                                    "not active; nothing to resume"})
+            inputs = campaign.get("inputs") or {}
+            tracked = Tracked.from_json(campaign.get("tracked"))
+            run = self._make_run(campaign, tracked, inputs.get("plan_input"),
+                                 inputs.get("revised_plan_input"))
+            state = State(campaign.get("machine_state") or State.INIT.value)
+            try:
+                run.replan_pending = bool((campaign.get("tracked") or {}).get(REPLAN_MERGED))
+                run.exploration = self.store.exploration(run.campaign_id) or {}
+                try:
+                    run.current_plan = self.store.get_plan(run.campaign_id)
+                except FtlError:
+                    run.current_plan = None
+                if campaign.get("error"):
+                    run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
+                reset = self.store.reset_running(run.campaign_id)
+            except BaseException:  # not driving yet: close what _make_run opened
+                run.log.close()
+                _close(run.tools.client)
+                raise
+            run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
+                         resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"))
+            run.log.emit(ev.RESUME, state=None, from_state=state.value, reset_tasks=reset)
+            return self._drive(run, CampaignMachine(run, run.flow, state), resumed=True)
 
     # --- internals ---
+    @contextlib.contextmanager
+    def _driving(self, campaign_id: str | None) -> Iterator[None]:
+        """Hold the repository's run lock and route internals to ``.ftl/ftl.log`` for one drive."""
+        lock = _RunLock(self.repo / ".ftl" / LOCK_FILE)
+        lock.acquire(lambda: self._holder_campaign(campaign_id))
+        try:
+            with _server_log(self.repo):
+                yield
+        finally:
+            lock.release()
+
+    def _holder_campaign(self, campaign_id: str | None) -> str:
+        if campaign_id:
+            return campaign_id
+        try:
+            active = self.store.active_campaign()
+        except FtlError:
+            active = None
+        return active["id"] if active else "(not yet created)"
+
     def _make_run(self, campaign: dict[str, Any], tracked: Tracked, plan_input: dict | None,
                   revised_plan_input: dict | None, client: Any = None) -> Run:
         campaign_id = campaign["id"]
+        client = client if client is not None else self.client_factory(self.config, self.repo)
         log = ev.EventLog(ev.log_path(self.repo, campaign_id), campaign_id)
         if self.on_event:
             log.subscribe(self.on_event)
@@ -230,7 +308,6 @@ class Runner:
                              flaky_retries=self.config.flaky_verify_retries,
                              backoff_min_s=self.config.retry_backoff_min_s,
                              backoff_max_s=self.config.retry_backoff_max_s)
-        client = client if client is not None else self.client_factory(self.config, self.repo)
         return Run(repo=self.repo, store=self.store, config=self.config, log=log,
                    tools=ToolClient(client, log),
                    recovery=RecoveryProtocol(log, policy, sleep=self.sleep, cancel=cancel),
@@ -238,11 +315,9 @@ class Runner:
                    objective=campaign["objective"], tracked=tracked, plan_input=plan_input,
                    revised_plan_input=revised_plan_input, cancel=cancel)
 
-    def _save_inputs(self, run: Run) -> None:
-        self.store.save_inputs(run.campaign_id, {"plan_input": run.plan_input,
-                                                 "revised_plan_input": run.revised_plan_input})
-
     def _drive(self, run: Run, machine: CampaignMachine, resumed: bool = False) -> RunResult:
+        """Run states until the run finishes; always ends the log with ``RUN_END`` and closes
+        the log and the tool client, whatever escapes."""
         from ftl.states import HANDLERS
 
         try:
@@ -254,61 +329,96 @@ class Runner:
                 if state is State.ERROR and run.error is not None:
                     entry.update(error_type=run.error.error_type, route=run.error.kind.route.value)
                 run.log.emit(ev.STATE_ENTRY, state=state.value, **entry)
-                self.store.save_machine(run.campaign_id, state.value, run.tracked.to_json(),
+                self.store.save_machine(run.campaign_id, state.value, run.tracked_json(),
                                         error=_error_record(run.error))
                 try:
                     step = HANDLERS[state](run)
                 except KeyboardInterrupt:
                     raise
                 except BaseException as exc:  # noqa: BLE001 - every failure goes to ERROR
-                    error = classify_exception(exc)
-                    if error.error_type == "internal_error":
-                        _LOG.error("internal error in %s (correlation id %s)", state.value,
-                                   error.details.get("correlation_id"), exc_info=exc)
-                    if not getattr(error, "emitted", False):
-                        failure = run.log.emit(ev.TOOL_FAILURE, state=state.value,
-                                               tool=f"state:{state.value.lower()}",
-                                               error_type=error.error_type, message=error.message,
-                                               details=error.details)
-                        run.log.emit(ev.FAILURE_CLASSIFIED, state=state.value,
-                                     failure_seq=failure["seq"], error_type=error.error_type,
-                                     klass=error.kind.klass.value, decision="error")
-                    if state is State.ERROR:
-                        # An error while handling an error: return a bare internal error.
-                        bare = FtlError("internal_error", {"correlation_id": run.campaign_id})
-                        summary = {"error": {"error_type": bare.error_type, "message": bare.message,
-                                             "details": bare.safe_details()},
-                                   "route": "summary", "message": bare.message}
-                        run.log.emit(ev.RETURN, reason=bare.error_type, route="summary",
-                                     summary={"message": bare.message})
-                        return self._finish(run, Finish("returned", EXIT_RETURNED, summary))
-                    run.error = error
-                    run.error_origin = state.value
-                    machine.fire("fail")
+                    returned = self._fail(run, machine, state, exc)
+                    if returned is not None:
+                        return returned
                     continue
                 if isinstance(step, Finish):
                     return self._finish(run, step)
-                machine.fire(step.trigger)
+                try:
+                    machine.fire(step.trigger)
+                except FtlError as exc:  # an illegal trigger or a refused guard: a handler bug
+                    returned = self._fail(run, machine, state, exc)
+                    if returned is not None:
+                        return returned
+                    continue
                 if state is State.ERROR:
                     run.error = None  # handled: its route has been taken
         except KeyboardInterrupt:
             run.cancel.set()
-            run.log.emit(ev.RUN_END, outcome="cancelled", exit_code=EXIT_CANCELLED,
-                         resumable=True)
-            run.log.close()
-            _close(run.tools.client)
+            if not run.ended:
+                self._end(run, outcome="cancelled", exit_code=EXIT_CANCELLED, resumable=True)
             return RunResult(run.campaign_id, "cancelled", EXIT_CANCELLED,
                              {"message": "cancelled; run `ftl campaign resume` to continue"},
                              run.log.path)
+        except BaseException as exc:
+            # Outside any state (saving the machine, finishing the campaign): nothing to route
+            # it to. The campaign stays active and resumable; the log still gets its end.
+            run.cancel.set()
+            error = classify_exception(exc)
+            _LOG.error("run of %s stopped: %s (correlation id %s)", run.campaign_id, error.error_type,
+                       error.details.get("correlation_id"), exc_info=exc)
+            if not run.ended:
+                with contextlib.suppress(Exception):
+                    self._end(run, outcome="cancelled", exit_code=EXIT_STOPPED, resumable=True,
+                              reason="error", error_type=error.error_type)
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                run.log.close()
+            _close(run.tools.client)
+
+    def _fail(self, run: Run, machine: CampaignMachine, state: State,
+              exc: BaseException) -> RunResult | None:
+        """Route a failure in ``state`` to ERROR (emit and classify it first, unless the recovery
+        protocol did); from ERROR itself, or when ``fail`` cannot fire, RETURN a bare internal
+        error. Returns the finished run in that case, else None (the machine is in ERROR)."""
+        error = classify_exception(exc)
+        if error.error_type == "internal_error":
+            _LOG.error("internal error in %s (correlation id %s)", state.value,
+                       error.details.get("correlation_id"), exc_info=exc)
+        if not getattr(error, "emitted", False):
+            failure = run.log.emit(ev.TOOL_FAILURE, state=state.value,
+                                   tool=f"state:{state.value.lower()}",
+                                   error_type=error.error_type, message=error.message,
+                                   details=error.details)
+            run.log.emit(ev.FAILURE_CLASSIFIED, state=state.value,
+                         failure_seq=failure["seq"], error_type=error.error_type,
+                         klass=error.kind.klass.value, decision="error")
+        if state is not State.ERROR:
+            run.error = error
+            run.error_origin = state.value
+            try:
+                machine.fire("fail")
+                return None
+            except FtlError:
+                pass  # COMPLETE cannot fail over to ERROR: return instead
+        # An error while handling an error: return a bare internal error.
+        bare = FtlError("internal_error", {"correlation_id": run.campaign_id})
+        summary = {"error": {"error_type": bare.error_type, "message": bare.message,
+                             "details": bare.safe_details()},
+                   "route": "summary", "message": bare.message}
+        run.log.emit(ev.RETURN, reason=bare.error_type, route="summary",
+                     summary={"message": bare.message})
+        return self._finish(run, Finish("returned", EXIT_RETURNED, summary))
+
+    def _end(self, run: Run, *, outcome: str, exit_code: int, **fields: Any) -> None:
+        run.log.emit(ev.RUN_END, outcome=outcome, exit_code=exit_code, **fields)
+        run.ended = True
 
     def _finish(self, run: Run, finish: Finish) -> RunResult:
         status = "complete" if finish.outcome.startswith("complete") else "returned"
         # Event before action: a kill between the two leaves an active campaign whose resume
         # finishes it again, never a finished campaign whose log has no RUN_END.
-        run.log.emit(ev.RUN_END, outcome=finish.outcome, exit_code=finish.exit_code)
+        self._end(run, outcome=finish.outcome, exit_code=finish.exit_code)
         self.store.finish_campaign(run.campaign_id, status, finish.summary)
-        run.log.close()
-        _close(run.tools.client)
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,
                          run.log.path)
 
@@ -319,15 +429,64 @@ def _error_record(error: FtlError | None) -> dict[str, Any] | None:
     return {"error_type": error.error_type, "details": error.safe_details()}
 
 
-def _attach_server_log(repo: Path) -> None:
-    """Internals (tracebacks keyed by correlation id) go to ``.ftl/ftl.log``, never to a response."""
+class _RunLock:
+    """An exclusive, non-blocking ``flock`` on ``path`` holding the owner's pid.
+
+    flock (not a pid file alone) because the kernel drops it when the process dies, ``kill -9``
+    included, so a crashed run never leaves a stale lock behind.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, campaign: Callable[[], str]) -> None:
+        """Take the lock or raise FtlError(conflict) naming ``campaign()`` and the holder's pid."""
+        if fcntl is None:  # pragma: no cover - not POSIX
+            _LOG.warning("no flock on this platform: runs are not locked against each other")
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EWOULDBLOCK: held by another open file (another process or Runner)
+            try:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise FtlError("conflict", {"what": f"campaign {campaign()} is being run by another ftl "
+                                                f"process (pid {holder})"}) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+            os.close(fd)  # closing the last descriptor drops the flock
+
+
+@contextlib.contextmanager
+def _server_log(repo: Path) -> Iterator[None]:
+    """For one drive, internals (tracebacks keyed by correlation id) also go to
+    ``.ftl/ftl.log``, never to a response. The level is the handler's (INFO): the ``ftl``
+    logger's own level, which the embedding application owns, is left alone."""
     path = (repo / ".ftl" / "ftl.log").resolve()
     if any(getattr(h, "baseFilename", None) == str(path) for h in _LOG.handlers):
+        yield  # an outer drive of this repository already writes there
         return
+    path.parent.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setLevel(logging.INFO)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     _LOG.addHandler(handler)
-    _LOG.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        _LOG.removeHandler(handler)
+        handler.close()
 
 
 def _close(client: Any) -> None:

@@ -88,6 +88,12 @@ class CancelToken:
     def cancelled(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def event(self) -> threading.Event:
+        """The underlying event, for APIs that wait on a ``threading.Event`` (tool calls, retry
+        backoffs). Read-only: cancel through `cancel`; never clear it."""
+        return self._event
+
     def wait(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` seconds; True as soon as the token is cancelled, else False."""
         return self._event.wait(timeout_s)

@@ -431,22 +431,28 @@ class Store:
         return f"c-{utc:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
     def create_campaign(self, objective: str, *, flow: str = "campaign", plan: Plan | None = None,
-                        framework: str | None = None) -> dict:
+                        framework: str | None = None, inputs: dict | None = None) -> dict:
         """Create the active campaign; with ``plan``, also save it as plan version 1.
 
         The id is ``c-YYYYMMDD-HHMMSS-xxxx`` (UTC time, 4 random hex digits), so ids sort by
-        creation time. ``framework`` defaults to the plan's.
+        creation time. ``framework`` defaults to the plan's. ``inputs`` (what the run was started
+        with, see `save_inputs`) is written in the same transaction, so no crash can leave an
+        active campaign that a resume cannot rebuild.
 
         Returns: the campaign dict (`get_campaign`).
         Raises:
             FtlError(conflict): another campaign is active (FTL allowed one active campaign but
                 crashed on the second create, §8.2 item 2; here the message names the active one).
-            FtlError(schema_invalid): empty objective or unknown flow (campaign|task).
+            FtlError(schema_invalid): empty objective, unknown flow (campaign|task), or
+                ``inputs`` that is not a JSON object.
         """
         if not objective or not objective.strip():
             raise _violation("objective", "must be a non-empty string")
         if flow not in FLOWS:
             raise _violation("flow", f"must be one of {', '.join(FLOWS)}, got {flow!r}")
+        if inputs is not None and not isinstance(inputs, dict):
+            raise _violation("inputs", "must be a JSON object")
+        encoded_inputs = None if inputs is None else _dumps(inputs, "inputs")
         if framework is None and plan is not None:
             framework = plan.framework
         with self._session(write=True) as conn:
@@ -462,8 +468,8 @@ class Store:
                     break
             conn.execute(
                 "INSERT INTO campaign (campaign_id, objective, flow, status, framework, tracked, "
-                "created_at, updated_at) VALUES (?, ?, ?, 'active', ?, '{}', ?, ?)",
-                (campaign_id, objective, flow, framework, now, now))
+                "inputs, created_at, updated_at) VALUES (?, ?, ?, 'active', ?, '{}', ?, ?, ?)",
+                (campaign_id, objective, flow, framework, encoded_inputs, now, now))
             if plan is not None:
                 self._insert_plan(conn, campaign_id, plan, now)
             return self._campaign_dict(self._campaign_row(conn, campaign_id))
@@ -796,7 +802,8 @@ class Store:
                          (now, _dumps({"reason": "resume"}, "result"), campaign_id))
         return seqs
 
-    def merge_revised_plan(self, campaign_id: str, revised: Plan, *, max_new_tasks: int) -> dict:
+    def merge_revised_plan(self, campaign_id: str, revised: Plan, *, max_new_tasks: int,
+                           tracked: dict | None = None) -> dict:
         """Merge a re-plan into the campaign's tasks and save the result as a new plan version.
 
         Rules (FTL merge-revised-plan §6.8, with §8.2 item 8 fixed): complete and running tasks
@@ -808,14 +815,23 @@ class Store:
         saved plan has the revision's header (objective, framework, idioms) and the merged tasks
         (existing in seq order, then new ones in revision order).
 
+        ``tracked``, when given, replaces the campaign's tracked variables in the same
+        transaction (`save_machine`'s ``tracked``): the runner records the re-plan count and that
+        a merge is waiting to be executed together with the merge, so a crash right after it
+        cannot lose the outcome.
+
         Returns: ``{"merged": n, "unchanged": m, "added": k, "plan_version": v}``.
         Raises:
-            FtlError(schema_invalid): too many new tasks, duplicate seqs in the revision, or a
-                dependency on a seq that is in neither (nothing saved).
+            FtlError(schema_invalid): too many new tasks, duplicate seqs in the revision, a
+                dependency on a seq that is in neither, or ``tracked`` that is not a JSON object
+                (nothing saved).
             FtlError(cycle_detected): the merged graph has a cycle (nothing saved).
             FtlError(conflict): the campaign is not active or has no tasks yet.
             FtlError(not_found): unknown campaign.
         """
+        if tracked is not None and not isinstance(tracked, dict):
+            raise _violation("tracked", "must be a JSON object")
+        encoded_tracked = None if tracked is None else _dumps(tracked, "tracked")
         by_seq: dict[str, Task] = {}
         for task in revised.tasks:
             if task.seq in by_seq:
@@ -859,6 +875,9 @@ class Store:
                      now, now, campaign_id, task.seq))
             for task in added:
                 self._insert_task(conn, campaign_id, task, now)
+            if encoded_tracked is not None:
+                conn.execute("UPDATE campaign SET tracked = ?, updated_at = ? WHERE campaign_id = ?",
+                             (encoded_tracked, now, campaign_id))
         return {"merged": len(reopened), "unchanged": unchanged, "added": len(added), "plan_version": version}
 
     # ------------------------------------------------------------------ workspaces
@@ -872,13 +891,18 @@ class Store:
             "finished_at": row["finished_at"],
         }
 
-    def record_workspace(self, campaign_id: str, workspace: dict) -> None:
+    def record_workspace(self, campaign_id: str, workspace: dict, *, built: dict | None = None) -> None:
         """Record one attempt's workspace as ``active``. ``workspace`` needs ``workspace_id``,
         ``seq`` and ``attempt`` (int >= 1); the whole dict is kept as ``spec``. Ids are unique per
         campaign and attempt (FTL's were global and re-used across attempts, §8.2 item 14).
 
+        ``built``: record the attempt directly as ``built`` with this result (an attempt that
+        reuses an earlier attempt's finished build), in the same statement, so no crash leaves
+        it ``active`` and the checkpoint lost.
+
         Raises:
-            FtlError(schema_invalid): a required key is missing or malformed.
+            FtlError(schema_invalid): a required key is missing or malformed, or ``built`` is
+                not a JSON object.
             FtlError(conflict): this (workspace_id, attempt) is already recorded.
             FtlError(not_found): unknown campaign.
         """
@@ -896,17 +920,22 @@ class Store:
         status = workspace.get("status", "active")
         if status != "active":
             raise _violation("workspace.status", f"a new workspace is 'active', got {status!r}")
+        if built is not None and not isinstance(built, dict):
+            raise _violation("built", "must be a JSON object or None")
         spec = {k: v for k, v in workspace.items() if k != "status"}
         encoded = _dumps(spec, "workspace")
+        status, result = ("active", None) if built is None else ("built", _dumps(built, "built"))
         with self._session(write=True) as conn:
             self._campaign_row(conn, campaign_id)
             if conn.execute("SELECT 1 FROM workspace WHERE campaign_id = ? AND workspace_id = ? AND attempt = ?",
                             (campaign_id, workspace_id, attempt)).fetchone():
                 raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
                                                     f"{campaign_id} is already recorded."})
+            now = self._now()
             conn.execute("INSERT INTO workspace (campaign_id, workspace_id, seq, attempt, status, spec, "
-                         "created_at) VALUES (?, ?, ?, ?, 'active', ?, ?)",
-                         (campaign_id, workspace_id, seq, attempt, encoded, self._now()))
+                         "result, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (campaign_id, workspace_id, seq, attempt, status, encoded, result, now,
+                          None if built is None else now))
 
     def finish_workspace(self, campaign_id: str, workspace_id: str, attempt: int, status: str,
                          result: dict) -> None:

@@ -2,33 +2,60 @@
 
 Used for every ready task inside EXECUTE (CAMPAIGN flow, tasks in parallel) and as the BUILD
 state of the TASK flow (the plan's tasks in dependency order, one at a time; FTL built only the
-first). The runner, not the builder, decides complete or blocked (FTL §8.3 item 6): it runs the
-verify command itself and blocks a task that changed files outside its delta/creates (item 7).
+first; the dependents of a task that blocked are then marked blocked too, so the TASK flow never
+ends with pending tasks). The runner, not the builder, decides complete or blocked (FTL §8.3
+item 6): it runs the verify command itself and blocks a task that changed files outside its
+delta/creates (item 7). Files that tasks able to run at the same time may write are not charged
+to this one: with one job nothing runs alongside, otherwise only tasks that are neither
+ancestors nor descendants of this one in the DAG, and have not finished, can.
 
-Checkpoints, so that a task's run command completes at most once across crashes:
+Every failure of an attempt, including one outside a tool call (the store, assembling the
+workspace), goes through the recovery protocol: ``TOOL_FAILURE`` -> ``FAILURE_CLASSIFIED`` ->
+``RECOVERY_ATTEMPT`` block_task, and the workspace row is finished as ``blocked``.
 
-* when the builder succeeds its workspace is marked ``built`` before verify runs, so a crash
-  during verify resumes with verify only; a resumed attempt that reuses a build is itself marked
-  ``built``, so a second crash still finds it;
+Checkpoints, so that a task's run command completes at most once across retries and crashes:
+
 * a shell build is wrapped so that the shell writes ``.ftl/checkpoints/<campaign_id>/
-  <workspace_id>-<attempt>.built`` the moment the run command exits 0. A kill of ftl between
-  that exit and the store's ``built`` row (the builder's change detection, the reply, the
-  commit: tens of ms), or a command that finishes in the tool server after ftl died, leaves an
-  ``abandoned`` attempt with that file, which resume takes as built instead of running the
-  command again. Agent builds have no such point and stay at-least-once.
+  <workspace_id>-<attempt>.built`` the moment the run command exits 0;
+* before each try of the build (the first and every retry of a transient failure) that file is
+  checked: if a previous try's command completed but its reply was lost (``network_error``,
+  ``timeout`` raised by the client after the command ran), the build is taken as done
+  (``RECOVERY_ATTEMPT`` reuse_build) instead of running the command again;
+* when the builder succeeds its workspace is marked ``built`` before verify runs, so a crash
+  during verify resumes with verify only; a resumed attempt that reuses a build is recorded as
+  ``built`` in the same statement that records it, so a second crash still finds it;
+* a kill of ftl between the command's exit and the store's ``built`` row (the builder's change
+  detection, the reply, the commit: tens of ms), or a command that finishes in the tool server
+  after ftl died, leaves an ``abandoned`` attempt with that file, which resume takes as built.
+  Resume walks back over abandoned attempts without the file (they died before their command
+  completed) to an earlier built one, and stops at a blocked or cancelled attempt or a changed
+  task spec.
+
+The remaining at-least-once window: a run command may run again when the runner cannot know
+it completed, namely (1) the previous try's command is still running when the retry starts
+(only possible when the client gave up while the server keeps the command going, e.g. a remote
+server after a network error); (2) the tool server does not share the runner's file system (a
+remote HTTP or ``stdio:`` server elsewhere), so the checkpoint is not visible; (3) the shell is
+killed between the command's exit 0 and the checkpoint write (one shell builtin); (4) agent
+builds, which have no checkpoint: a lost reply or a crash runs the agent again. A command that
+failed (non-zero exit) is run again by design. A build taken from a checkpoint has no change
+list (it was in the lost reply), so the file-scope check is skipped for it; verify still runs.
 """
 
 from __future__ import annotations
 
+import logging
 import shlex
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.recovery import classify_command, escalate_flaky
+from ftl.machine import Flow
+from ftl.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.runner import Next, Run
 from ftl.scheduler import CancelToken, TaskOutcome
 from ftl.tools import fact
@@ -37,9 +64,12 @@ from ftl.workspaces import build_workspace
 BUILD_INTENT = "build_task"
 VERIFY_INTENT = "verify_task"
 
+_LOG = logging.getLogger("ftl.states.build")
+
 
 def enter(run: Run) -> Next:
-    """TASK flow: register the plan's tasks if needed and build them in dependency order."""
+    """TASK flow: register the plan's tasks if needed, build them in dependency order, then
+    mark blocked every pending task a blocked task made unreachable (``CASCADE_PROPAGATE``)."""
     from ftl.states.execute import run_dag
 
     plan = run.current_plan
@@ -51,85 +81,128 @@ def enter(run: Run) -> Next:
         run.log.emit(ev.PLAN_REGISTERED, **registered(plan))
         run.store.add_tasks(run.campaign_id, plan)
     run_dag(run, jobs=1)
+    rows = run.store.tasks(run.campaign_id)
+    propagated = dag.propagate_blocks({r["seq"]: r["depends"] for r in rows},
+                                      {r["seq"]: r["status"] for r in rows})
+    if propagated:
+        run.log.emit(ev.CASCADE_PROPAGATE,
+                     propagated=[{"seq": seq, "blocked_by": roots} for seq, roots in propagated])
+        for seq, roots in propagated:
+            run.store.transition_task(run.campaign_id, seq, "blocked", blocked_by=roots,
+                                      reason=f"unreachable: blocked by {', '.join(roots)}")
     return Next("observe")
 
 
 def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome:
     """Run one attempt of task ``seq`` (called in a scheduler worker thread).
 
+    ``token`` is the scheduler's: its event is what tool calls and retry backoffs wait on, so a
+    cancel (Ctrl-C) stops a running command and ends a backoff without a further try.
+
     Returns:
         TaskOutcome ``complete`` (detail: delivered, duration_ms), ``blocked`` (detail:
-        reason, error_type) or ``cancelled``.
+        reason, error_type) or ``cancelled``. Never raises: an unexpected error blocks the task
+        through the recovery protocol (see the module docstring).
     """
     started = time.monotonic()
-    cancel = _bridge(token)
+    cancel = token.event
+    recorded: list[Any] = []  # the workspace, once its row exists
     try:
-        task = run.current_plan.task(seq)
-        row = run.store.task(run.campaign_id, seq)
-        attempt = max(1, int(row.get("attempts") or 1))
-        timeout_s = run.config.task_timeout_s(task.budget, task.timeout_s)
-        workspace = build_workspace(
-            campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
-            timeout_s=timeout_s, tasks=run.store.tasks(run.campaign_id),
-            memory=run.store.memory(type="failure", limit=5))
-        spec = workspace.model_dump(mode="json")
-        built = _already_built(run, seq)
-        run.store.record_workspace(run.campaign_id, {**spec, "status": "active"})
-        if built is not None:  # carry the checkpoint into this attempt (a second crash keeps it)
-            run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
-                                       {**built, "reused_build": True})
-        facts = run.facts() + [fact("task", seq, task.type.value)]
-        if task.run:
-            facts.append(fact("task_has_run", seq))
-        if task.builder:
-            facts.append(fact("builder_requested", seq, task.builder))
+        return _attempt(run, seq, cancel, started, recorded)
+    except Exception as exc:  # noqa: BLE001 - never the scheduler's last-resort block
+        return _fail_task(run, seq, recorded[0] if recorded else None, exc)
 
-        build_result: dict[str, Any] = built or {}
-        if built is None:
-            builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
-            build_spec = spec
-            if builder == "shell_builder" and task.run:
-                build_spec = {**spec, "run": _with_checkpoint(task.run, _checkpoint(run, workspace))}
-            try:
-                # Parallel tasks share one work tree: files other tasks may write are not
-                # charged to this one by the file-scope check.
-                others = sorted({path for other in run.current_plan.tasks if other.seq != seq
-                                 for path in (*other.delta, *other.creates)})
-                build_result = run.recovery.run(
-                    lambda n: _build_once(run, facts, builder, build_spec, seq, cancel, others),
-                    tool=builder, seq=seq, state=run.machine_state, escalate=_escalate_build)
-            except FtlError as error:
-                if cancel.is_set():
-                    return TaskOutcome(seq, "cancelled", {})
-                return _block(run, workspace, error)
-            if build_spec is not spec:  # report the user's command, not the wrapper
-                build_result["delivered"] = str(build_result.get("delivered") or "").replace(
-                    build_spec["run"], task.run)
-            scope = build_result.get("out_of_scope") or []
-            if scope:
-                error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
-                                 message=f"Task {seq} changed files outside its delta: "
-                                         + ", ".join(scope[:5]))
-                error.emitted = False
-                _emit_failure(run, error, tool=builder, seq=seq)
-                return _block(run, workspace, error)
-            run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
-                                       _trim(build_result))
+
+def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
+             recorded: list[Any]) -> TaskOutcome:
+    task = run.current_plan.task(seq)
+    rows = run.store.tasks(run.campaign_id)
+    row = next((r for r in rows if r["seq"] == seq), None) or run.store.task(run.campaign_id, seq)
+    attempt = max(1, int(row.get("attempts") or 1))
+    timeout_s = run.config.task_timeout_s(task.budget, task.timeout_s)
+    workspace = build_workspace(
+        campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
+        timeout_s=timeout_s, tasks=rows, memory=run.store.memory(type="failure", limit=5))
+    spec = workspace.model_dump(mode="json")
+    built = _already_built(run, seq, spec)
+    # A reused build is recorded as built in the same statement: a crash cannot lose it.
+    run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
+                               built=None if built is None else {**built, "reused_build": True})
+    recorded.append(workspace)
+    facts = run.facts() + [fact("task", seq, task.type.value)]
+    if task.run:
+        facts.append(fact("task_has_run", seq))
+    if task.builder:
+        facts.append(fact("builder_requested", seq, task.builder))
+
+    build_result: dict[str, Any] = built or {}
+    if built is None:
+        builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
+        build_spec = spec
+        checkpoint: Path | None = None
+        if builder == "shell_builder" and task.run:
+            checkpoint = _checkpoint(run, workspace)
+            build_spec = {**spec, "run": _with_checkpoint(task.run, checkpoint)}
+        others = _concurrent_paths(run, seq, rows)
+
+        def build_try(number: int) -> dict[str, Any]:
+            if checkpoint is not None and checkpoint.exists():
+                # An earlier try's command completed; only its reply was lost. Never run it twice.
+                run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
+                                      task_seq=seq, attempt=number)
+                return {"status": "complete", "delivered": f"ran: {task.run}",
+                        "from_checkpoint": True}
+            return _build_once(run, facts, builder, build_spec, seq, cancel, others)
+
         try:
-            verify = run.recovery.run(
-                lambda n: _verify_once(run, facts, task.verify, seq, cancel),
-                tool="run_verify", seq=seq, state=run.machine_state, escalate=escalate_flaky)
+            build_result = run.recovery.run(build_try, tool=builder, seq=seq, state=run.machine_state,
+                                            escalate=_escalate_build, cancel=cancel)
         except FtlError as error:
             if cancel.is_set():
                 return TaskOutcome(seq, "cancelled", {})
             return _block(run, workspace, error)
-        delivered = str(build_result.get("delivered") or build_result.get("output") or "")[-2000:]
-        run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "complete",
-                                   {"build": _trim(build_result), "verify": _trim(verify)})
-        return TaskOutcome(seq, "complete", {
-            "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000)})
-    finally:
-        cancel.set()  # releases the bridge thread
+        if build_spec is not spec:  # report the user's command, not the wrapper
+            build_result["delivered"] = str(build_result.get("delivered") or "").replace(
+                build_spec["run"], task.run)
+        scope = build_result.get("out_of_scope") or []
+        if scope:
+            error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
+                             message=f"Task {seq} changed files outside its delta: "
+                                     + ", ".join(scope[:5]))
+            error.emitted = False
+            _emit_failure(run, error, tool=builder, seq=seq)
+            return _block(run, workspace, error)
+        run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
+                                   _trim(build_result))
+    try:
+        verify = run.recovery.run(
+            lambda n: _verify_once(run, facts, task.verify, seq, cancel),
+            tool="run_verify", seq=seq, state=run.machine_state, escalate=escalate_flaky,
+            cancel=cancel)
+    except FtlError as error:
+        if cancel.is_set():
+            return TaskOutcome(seq, "cancelled", {})
+        return _block(run, workspace, error)
+    delivered = str(build_result.get("delivered") or build_result.get("output") or "")[-2000:]
+    run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "complete",
+                               {"build": _trim(build_result), "verify": _trim(verify)})
+    return TaskOutcome(seq, "complete", {
+        "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000)})
+
+
+def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[str]:
+    """Paths (delta + creates) of the tasks that may run while ``seq`` runs, so the builder
+    does not charge their changes to ``seq``: none with one job (the TASK flow always has one);
+    otherwise the unfinished tasks that are neither ancestors nor descendants of ``seq``."""
+    jobs = 1 if run.flow is Flow.TASK else run.config.jobs
+    if jobs <= 1:
+        return []
+    deps = {r["seq"]: r["depends"] for r in rows}
+    related = dag.ancestors(deps, seq) | dag.descendants(deps, seq) | {seq}
+    live = {r["seq"] for r in rows if r["status"] in ("pending", "running")}
+    return sorted({path for other in run.current_plan.tasks
+                   if other.seq in live and other.seq not in related
+                   for path in (*other.delta, *other.creates)})
 
 
 def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
@@ -172,31 +245,64 @@ def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
     return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type})
 
 
-def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str) -> None:
+def _fail_task(run: Run, seq: str, workspace: Any, exc: Exception) -> TaskOutcome:
+    """An attempt failed outside the recovery protocol's tool calls (the store, assembling the
+    workspace, a bug): emit and classify it, block the task, finish its workspace row."""
+    error = classify_exception(exc)
+    if error.error_type == "internal_error":
+        _LOG.error("task %s failed (correlation id %s)", seq, error.details.get("correlation_id"),
+                   exc_info=exc)
+    if not getattr(error, "emitted", False):
+        _emit_failure(run, error, tool="run_task", seq=seq,
+                      decision="escalate" if error.transient else "structural")
+    reason = f"{error.error_type}: {error.message}"
+    run.recovery.recovery(strategy="block_task", success=True, state=run.machine_state,
+                          task_seq=seq, error=error)
+    if workspace is not None:
+        try:
+            run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
+                                       "blocked", {"error_type": error.error_type, "reason": reason})
+        except Exception:  # noqa: BLE001 - the row stays active; resume marks it abandoned
+            _LOG.warning("task %s: could not finish workspace %s", seq, workspace.workspace_id,
+                         exc_info=True)
+    return TaskOutcome(seq, "blocked", {"reason": reason, "error_type": error.error_type})
+
+
+def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str,
+                  decision: str = "structural") -> None:
     failure = run.log.emit(ev.TOOL_FAILURE, state=run.machine_state, tool=tool, task_seq=seq,
                            error_type=error.error_type, message=error.message, details=error.details)
     run.log.emit(ev.FAILURE_CLASSIFIED, state=run.machine_state, tool=tool, task_seq=seq,
                  failure_seq=failure["seq"], error_type=error.error_type,
-                 klass=error.kind.klass.value, decision="structural")
+                 klass=error.kind.klass.value, decision=decision)
+    error.emitted = True
 
 
-def _already_built(run: Run, seq: str) -> dict[str, Any] | None:
+def _already_built(run: Run, seq: str, spec: dict[str, Any]) -> dict[str, Any] | None:
     """The result of a build that finished before a crash, so that resume verifies instead of
-    building again: the last attempt is ``built``; or ``complete`` (the crash fell between the
-    workspace's and the task's commits, so the task is not complete yet); or it was abandoned
-    by a crash after its shell checkpoint."""
-    rows = run.store.workspaces(run.campaign_id, seq)
-    if not rows:
-        return None
-    last = rows[-1]
-    if last.get("status") == "built":
-        return last.get("result") or {}
-    if last.get("status") == "complete":
-        return (last.get("result") or {}).get("build") or {}
-    if last.get("status") == "abandoned" and _checkpoint_path(
-            run, last["workspace_id"], last["attempt"]).exists():
-        return {"status": "complete", "delivered": f"ran: {last['spec'].get('run') or ''}",
-                "from_checkpoint": True}
+    building again.
+
+    Walks the task's attempts from the newest: ``built`` gives its result; ``complete`` its
+    build result (the crash fell between the workspace's and the task's commits); ``abandoned``
+    with its shell checkpoint a build that finished unseen; ``abandoned`` without one died
+    before its command completed, so the attempt before it is looked at. Anything else
+    (blocked, cancelled, active), or an attempt whose command or scope differs from ``spec``
+    (a re-plan changed the task), ends the walk: there is nothing to reuse.
+    """
+    for row in reversed(run.store.workspaces(run.campaign_id, seq)):
+        old = row.get("spec") or {}
+        if any(old.get(key) != spec.get(key) for key in ("run", "delta", "creates")):
+            return None
+        status = row.get("status")
+        if status == "built":
+            return row.get("result") or {}
+        if status == "complete":
+            return (row.get("result") or {}).get("build") or {}
+        if status != "abandoned":
+            return None
+        if _checkpoint_path(run, row["workspace_id"], row["attempt"]).exists():
+            return {"status": "complete", "delivered": f"ran: {old.get('run') or ''}",
+                    "from_checkpoint": True}
     return None
 
 
@@ -219,19 +325,6 @@ def _with_checkpoint(command: str, checkpoint: Path) -> str:
     return (f"(\n{command}\n)\nftl_status=$?\n"
             f"if [ $ftl_status -eq 0 ]; then : > {shlex.quote(str(checkpoint))}; fi\n"
             "exit $ftl_status")
-
-
-def _bridge(token: CancelToken) -> threading.Event:
-    """A threading.Event set when the scheduler cancels ``token`` (what tools poll)."""
-    event = threading.Event()
-
-    def watch() -> None:
-        while not event.is_set():
-            if token.wait(0.1):
-                event.set()
-
-    threading.Thread(target=watch, name="cancel-bridge", daemon=True).start()
-    return event
 
 
 def _trim(result: dict[str, Any]) -> dict[str, Any]:

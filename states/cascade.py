@@ -5,6 +5,12 @@ blocked): run cascade analysis, then re-plan when at least ``replan_threshold`` 
 unreachable and a planner or a revised plan is available (bounded by ``max_replans``; merge
 keeps completed work and may add tasks), else propagate the blocks to every unreachable task,
 naming its blocked root. Re-planning that is exhausted while still stuck is ``cascade_stuck``.
+
+Crash safety: the merge, the incremented ``replan_count`` and the ``replan_merged`` marker are
+written in one transaction (`Store.merge_revised_plan` with ``tracked``). The marker stays in
+the stored tracked variables until EXECUTE's entry saves the machine, so a crash between the
+merge and EXECUTE resumes in CASCADE, finds the merged tasks ready and goes to EXECUTE, instead
+of observing a campaign whose re-opened tasks never run.
 """
 
 from __future__ import annotations
@@ -14,7 +20,7 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import Next, Run
+from ftl.runner import REPLAN_MERGED, Next, Run
 from ftl.replan import replan_input
 from ftl.states.register import registered
 from ftl.tools import fact
@@ -29,6 +35,10 @@ def enter(run: Run) -> Next:
     cascade = dag.cascade_status(deps, status)
     run.log.emit(ev.CASCADE_STATUS, cascade_state=cascade["state"],
                  unreachable=cascade.get("unreachable", []))
+    if run.replan_pending:  # a merge committed, then the process died before EXECUTE started
+        run.replan_pending = False
+        if cascade["state"] == "in_progress":
+            return _execute_merged(run, {"resumed": True})
     if cascade["state"] != "stuck":
         return Next("observe")
 
@@ -44,16 +54,13 @@ def enter(run: Run) -> Next:
         try:
             revised = _revised_plan(run)
             merge = run.store.merge_revised_plan(run.campaign_id, revised,
-                                                 max_new_tasks=run.config.max_replan_new_tasks)
+                                                 max_new_tasks=run.config.max_replan_new_tasks,
+                                                 tracked={**run.tracked_json(), REPLAN_MERGED: True})
         except FtlError as error:
             run.log.emit(ev.CASCADE_MERGE_FAILED, error=error.message, error_type=error.error_type)
             run.recovery.recovery(strategy="replan", success=False, error_type=error.error_type)
         else:
-            run.current_plan = run.store.get_plan(run.campaign_id)
-            run.replan_ok = True
-            run.recovery.recovery(strategy="replan", success=True, **merge)
-            run.log.emit(ev.PLAN_REGISTERED, replan=True, **registered(run.current_plan))
-            return Next("execute")
+            return _execute_merged(run, merge)
 
     propagated = dag.propagate_blocks(deps, status)
     run.log.emit(ev.CASCADE_PROPAGATE,
@@ -62,6 +69,15 @@ def enter(run: Run) -> Next:
         run.store.transition_task(run.campaign_id, seq, "blocked", blocked_by=roots,
                                   reason=f"unreachable: blocked by {', '.join(roots)}")
     return Next("observe")
+
+
+def _execute_merged(run: Run, fields: dict[str, Any]) -> Next:
+    """Hand a merged re-plan to EXECUTE (the ``replan_merged`` guard lets ``execute`` fire)."""
+    run.current_plan = run.store.get_plan(run.campaign_id)
+    run.replan_ok = True
+    run.recovery.recovery(strategy="replan", success=True, **fields)
+    run.log.emit(ev.PLAN_REGISTERED, replan=True, **registered(run.current_plan))
+    return Next("execute")
 
 
 def analyze(run: Run) -> dict[str, Any]:

@@ -173,9 +173,16 @@ def test_wait_is_exponential_capped_and_honours_retry_after() -> None:
     policy = RetryPolicy(backoff_min_s=0.5, backoff_max_s=4.0)
     plain = FtlError("network_error")
     assert [policy.wait_s(n, plain) for n in (1, 2, 3, 4, 5)] == [0.5, 1.0, 2.0, 4.0, 4.0]
-    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=7000)) == 7.0
+    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=3500)) == 3.5
     assert policy.wait_s(3, FtlError("rate_limited", retry_after_ms=100)) == 2.0
     assert policy.wait_s(1, None) == 0.5
+
+
+def test_no_wait_exceeds_backoff_max_whatever_the_server_asks() -> None:
+    policy = RetryPolicy(backoff_min_s=0.5, backoff_max_s=4.0)
+    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=7000)) == 4.0
+    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=86_400_000)) == 4.0
+    assert RetryPolicy(backoff_min_s=8.0, backoff_max_s=4.0).wait_s(1, None) == 4.0
 
 
 # --------------------------------------------------------------------------- RecoveryProtocol
@@ -306,7 +313,8 @@ def test_flaky_verify_passing_on_second_try(h: Harness) -> None:
     assert calls == [1, 2]
 
 
-@pytest.mark.parametrize("hint_ms,expected_s", [(7000, 7.0), (100, 0.5), (None, 0.5)])
+@pytest.mark.parametrize("hint_ms,expected_s", [(7000, 7.0), (100, 0.5), (None, 0.5),
+                                                 (86_400_000, 30.0)])
 def test_rate_limit_waits_the_larger_of_backoff_and_retry_after(h: Harness, hint_ms: int | None,
                                                                expected_s: float) -> None:
     action, _ = _failing(FtlError("rate_limited", {"retry_after_ms": hint_ms}, retry_after_ms=hint_ms),
@@ -390,3 +398,75 @@ def test_escalate_flaky_only_touches_flaky_tests() -> None:
     assert escalated.error_type == "verify_failed" and escalated.details == flaky.details
     other = FtlError("network_error")
     assert escalate_flaky(other) is other
+
+
+# --------------------------------------------------------------------------- per-operation cancel
+
+def test_an_operations_own_cancel_stops_its_retries(h: Harness) -> None:
+    own = threading.Event()
+
+    def action(attempt: int) -> None:
+        own.set()  # the task's token is cancelled while its tool call fails
+        raise FtlError("network_error")
+
+    with pytest.raises(FtlError):
+        h.protocol.run(action, tool="invoke", cancel=own)
+    assert h.sleeps == [] and not h.cancel.is_set()
+    assert h.events()[1]["decision"] == "escalate"
+
+
+def test_an_operations_own_cancel_during_the_backoff_stops_the_next_attempt(tmp_path: Path) -> None:
+    harness = Harness(tmp_path)
+    own = threading.Event()
+    harness.on_sleep = lambda _seconds: own.set()  # Ctrl-C while the task waits to retry
+    action, calls = _failing(FtlError("rate_limited", retry_after_ms=5000), result="ok")
+    try:
+        with pytest.raises(FtlError) as raised:
+            harness.protocol.run(action, tool="invoke", cancel=own)
+        assert raised.value.error_type == "rate_limited"
+        assert calls == [1] and harness.sleeps == [5.0]
+    finally:
+        harness.log.close()
+
+
+def test_the_runs_cancel_still_stops_an_operation_with_its_own_event(h: Harness) -> None:
+    def action(attempt: int) -> None:
+        h.cancel.set()
+        raise FtlError("network_error")
+
+    with pytest.raises(FtlError):
+        h.protocol.run(action, tool="invoke", cancel=threading.Event())
+    assert h.sleeps == []
+
+
+class RecordingEvent(threading.Event):
+    """An event whose wait is recorded and ends at once, as if set during the wait."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        self.set()
+        return True
+
+
+def test_the_default_sleep_waits_on_the_operations_cancel(tmp_path: Path) -> None:
+    log = ev.EventLog(tmp_path / "c1.jsonl", "c1")
+    try:
+        protocol = RecoveryProtocol(log, RetryPolicy(backoff_max_s=2.0))  # no injected sleep
+        own = RecordingEvent()
+        action, calls = _failing(FtlError("rate_limited", retry_after_ms=86_400_000), result="ok")
+        with pytest.raises(FtlError):
+            protocol.run(action, tool="invoke", cancel=own)
+        assert own.waits == [2.0]  # capped, and woken by the operation's cancel
+        assert calls == [1]
+        run_cancel = RecordingEvent()
+        protocol = RecoveryProtocol(log, RetryPolicy(backoff_max_s=2.0), cancel=run_cancel)
+        action, calls = _failing(FtlError("network_error"), result="ok")
+        with pytest.raises(FtlError):
+            protocol.run(action, tool="invoke")
+        assert run_cancel.waits == [0.5] and calls == [1]
+    finally:
+        log.close()

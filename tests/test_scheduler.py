@@ -231,6 +231,17 @@ def test_cancel_before_run_starts_nothing():
     assert rec.events == []
 
 
+def test_token_event_is_the_flag_tool_calls_wait_on():
+    token = CancelToken()
+    event = token.event
+    assert isinstance(event, threading.Event) and not event.is_set()
+    assert token.event is event  # one event for the token's whole life
+    token.cancel()
+    assert event.is_set() and token.cancelled
+    with pytest.raises(AttributeError):
+        token.event = threading.Event()  # read-only
+
+
 def test_keyboard_interrupt_cancels_reports_and_reraises():
     # run() runs in pytest's main thread; task 001 interrupts it like a Ctrl-C would.
     seqs = ["001", "002", "003", "004"]

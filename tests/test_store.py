@@ -162,6 +162,18 @@ def test_campaign_round_trip(store: Store):
     assert store.latest_campaign()["campaign_id"] == cid
 
 
+def test_create_campaign_saves_its_inputs_in_the_same_transaction(store: Store):
+    inputs = {"plan_input": {"objective": "x", "tasks": []}, "revised_plan_input": None}
+    created = store.create_campaign("x", inputs=inputs)
+    assert created["inputs"] == inputs
+    assert store.get_campaign(created["id"])["inputs"] == inputs
+    store.finish_campaign(created["id"], "complete", {})
+    with pytest.raises(FtlError) as excinfo:
+        store.create_campaign("y", inputs=["not", "an", "object"])
+    assert error_of(excinfo).details["violations"][0]["path"] == "inputs"
+    assert store.active_campaign() is None  # nothing created
+
+
 def test_second_active_campaign_is_refused(store: Store):
     first = store.create_campaign("one")["campaign_id"]
     with pytest.raises(FtlError) as excinfo:
@@ -532,6 +544,29 @@ def test_merge_keeps_complete_reopens_blocked_with_new_spec_and_adds(store: Stor
     assert len(store.get_plan(campaign, 1).tasks) == 4
 
 
+def test_merge_saves_the_tracked_variables_with_the_merge(store: Store, campaign: str):
+    store.save_machine(campaign, "CASCADE", {"replan_count": 0, "iteration_count": 2})
+    store.transition_task(campaign, "001", "running")
+    store.transition_task(campaign, "001", "blocked", reason="x")
+    tracked = {"replan_count": 1, "iteration_count": 2, "replan_merged": True}
+    store.merge_revised_plan(campaign, plan(task("001", verify="fixed")), max_new_tasks=0, tracked=tracked)
+    got = store.get_campaign(campaign)
+    assert got["tracked"] == tracked and got["machine_state"] == "CASCADE"
+    assert store.task(campaign, "001")["status"] == "pending"
+
+
+def test_a_rejected_merge_leaves_the_tracked_variables_alone(store: Store, campaign: str):
+    store.save_machine(campaign, "CASCADE", {"replan_count": 0})
+    with pytest.raises(FtlError):
+        store.merge_revised_plan(campaign, plan(task("002", ["042"])), max_new_tasks=0,
+                                 tracked={"replan_count": 1, "replan_merged": True})
+    assert store.get_campaign(campaign)["tracked"] == {"replan_count": 0}
+    with pytest.raises(FtlError) as excinfo:
+        store.merge_revised_plan(campaign, plan(task("004")), max_new_tasks=0, tracked=["x"])
+    assert error_of(excinfo).error_type == "schema_invalid"
+    assert store.plan_versions(campaign) == [1]
+
+
 def test_merge_counts_identical_pending_task_as_unchanged(store: Store, campaign: str):
     result = store.merge_revised_plan(campaign, plan(task("004"), task("003", ["002"], verify="new")),
                                       max_new_tasks=0)
@@ -629,6 +664,20 @@ def test_workspace_lifecycle(store: Store, campaign: str):
     assert rows[0]["spec"]["delta"] == ["a.py"] and rows[0]["result"] == {"exit_code": 1}
     assert rows[1]["seq"] == "001" and rows[1]["finished_at"].endswith("Z")
     assert len(store.workspaces(campaign)) == 4
+
+
+def test_a_reused_build_is_recorded_as_built_in_one_step(store: Store, campaign: str):
+    ws = {"workspace_id": "004-task-004", "seq": "004", "attempt": 2}
+    store.record_workspace(campaign, ws, built={"delivered": "x", "reused_build": True})
+    [row] = store.workspaces(campaign, "004")
+    assert row["status"] == "built" and row["result"] == {"delivered": "x", "reused_build": True}
+    assert row["finished_at"].endswith("Z")
+    store.reset_running(campaign)  # a crash now keeps it
+    assert store.workspaces(campaign, "004")[0]["status"] == "built"
+    store.finish_workspace(campaign, "004-task-004", 2, "complete", {"verify": "ok"})
+    with pytest.raises(FtlError) as excinfo:
+        store.record_workspace(campaign, {**ws, "attempt": 3}, built=["x"])
+    assert error_of(excinfo).error_type == "schema_invalid"
 
 
 def test_reset_running_keeps_built_workspaces(store: Store, campaign: str):

@@ -161,7 +161,7 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
 
 
 def connect(repo: Path, config: Config, *, server: str | None = None, in_process: bool = False,
-            token: str | None = None, gate: Any = None) -> ManglecpClient:
+            token: str | None = None, gate: Any = None, max_retries: int | None = None) -> ManglecpClient:
     """A `ManglecpClient` for the server named by ``server`` (``config.server`` when None).
 
     Args:
@@ -174,6 +174,9 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
         in_process: run the embedded server in this process (tests, single-shot tools).
         token: bearer token for HTTP servers (default: env ``FTL_MANGLECP_TOKEN``).
         gate: a gate object for an in-process embedded server (instead of ``config.gates``).
+        max_retries: the client's own retries of retryable protocol errors (None: the client's
+            default, at most 5 per MangleCP spec 09 §7). The runner passes 0: its recovery
+            protocol does every retry, each one logged (``TOOL_FAILURE`` -> ``RETRY``).
     Gates: for the embedded server, ``config.gates`` is checked here (so a missing gate module
     fails before a subprocess starts) and applied by that server. Another server applies its own
     gates: a local ``[gates]`` table cannot reach it, which is logged as a warning.
@@ -182,13 +185,15 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
             unavailable; FtlError(network_error): the server could not be started or reached.
     """
     spec = server if server is not None else config.server
+    options: dict[str, Any] = {} if max_retries is None else {"max_retries": max_retries}
     if spec in (None, "", "embedded"):
         if in_process:
-            return ManglecpClient(InProcessTransport(build_server(repo, config, gate=gate), close_server=True))
+            return ManglecpClient(InProcessTransport(build_server(repo, config, gate=gate), close_server=True),
+                                  **options)
         load_gate(repo, config)  # fail here, not inside the subprocess
         command = [sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(Path(repo).resolve()),
                    "--config-json", config.model_dump_json()]
-        return ManglecpClient(StdioTransport(command))
+        return ManglecpClient(StdioTransport(command), **options)
     if config.gates:
         log.warning("the [gates] table applies to ftl's embedded server only; %s applies its own gates",
                     spec.split("://")[0] if "://" in spec else "the stdio server")
@@ -196,8 +201,9 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
         command = shlex.split(spec[len("stdio:"):])
         if not command:
             raise FtlError("configuration_error", {"problem": "server 'stdio:' needs a command"})
-        return ManglecpClient(StdioTransport(command, cwd=str(repo)))
+        return ManglecpClient(StdioTransport(command, cwd=str(repo)), **options)
     if spec.startswith(("http://", "https://")):
-        return ManglecpClient(HttpTransport(spec, token=token or os.environ.get("FTL_MANGLECP_TOKEN")))
+        return ManglecpClient(HttpTransport(spec, token=token or os.environ.get("FTL_MANGLECP_TOKEN")),
+                              **options)
     raise FtlError("configuration_error",
                    {"problem": f"server must be 'embedded', 'stdio:CMD' or an http(s) URL, got {spec!r}"})
