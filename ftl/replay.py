@@ -267,6 +267,9 @@ class Replay:
             notes.append(f"events of other campaigns were read: {', '.join(self.other_campaigns)}")
         if self.runs and self.runs[-1].outcome == "cancelled":
             notes.append("the last run was cancelled (Ctrl-C); `ftl campaign resume` continues it")
+        if self.runs and self.runs[-1].outcome == "stopped":
+            notes.append("the last run stopped on an error outside any state (see .ftl/ftl.log); "
+                         "`ftl campaign resume` continues it")
         return notes
 
     def to_json(self) -> dict[str, Any]:
@@ -553,7 +556,7 @@ class _Checker:
             self.segment.end_seq, self.segment.end = seq, ts
             self.segment.outcome, self.segment.exit_code = outcome or "unknown", r.exit_code
         self._close_span(ts, None, None)
-        if outcome == "cancelled":
+        if outcome in ("cancelled", "stopped"):
             for attempt in self.running.values():
                 attempt.status = attempt.status or "cancelled"
             self.running.clear()
@@ -914,7 +917,7 @@ class _Checker:
             if self.span is not None and self.span.end is None:
                 self.span.interrupted = True
                 self.span.duration_ms = _ms_between(self.span.start, r.last_ts)
-        elif r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled"):
+        elif r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled", "stopped"):
             self.violation(None, "ends_properly", f"unknown outcome {r.outcome}")
 
 

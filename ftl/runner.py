@@ -367,7 +367,7 @@ class Runner:
                        error.details.get("correlation_id"), exc_info=exc)
             if not run.ended:
                 with contextlib.suppress(Exception):
-                    self._end(run, outcome="cancelled", exit_code=EXIT_STOPPED, resumable=True,
+                    self._end(run, outcome="stopped", exit_code=EXIT_STOPPED, resumable=True,
                               reason="error", error_type=error.error_type)
             raise
         finally:

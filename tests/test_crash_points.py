@@ -581,7 +581,7 @@ def test_a_failing_machine_save_still_ends_the_log_and_closes_the_client(
     assert made[0].closed == 1
     last = events(repo)[-1]
     assert (last["event"], last["outcome"], last["resumable"], last["error_type"]) == (
-        "RUN_END", "cancelled", True, "lock_contention")
+        "RUN_END", "stopped", True, "lock_contention")
     monkeypatch.setattr(Store, "save_machine", original)
     result, _ = resume(repo)  # still active, still resumable
     assert result.outcome == "complete" and marker_lines(repo, "001") == 1
