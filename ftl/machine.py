@@ -152,7 +152,7 @@ def mermaid(flow: Flow) -> str:
         sources = row["source"] if isinstance(row["source"], list) else [row["source"]]
         guard = f" [{row['conditions']}]" if row.get("conditions") else ""
         if row["trigger"] == "fail":
-            lines.append(f"    note right of ERROR: fail from any state but COMPLETE")
+            lines.append("    note right of ERROR: fail from any state but COMPLETE")
             continue
         for source in sources:
             lines.append(f"    {source} --> {row['dest']}: {row['trigger']}{guard}")

@@ -20,7 +20,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (TASK_STATUS_ALIASES, Env, Reply, campaign_entry, command, fingerprint,
-                     parse_json_text, read_stdin_json, replan_input, run, script_group, violation,
+                     read_stdin_json, replan_input, run, script_group, violation,
                      wrap)
 from ftl.errors import FtlError
 

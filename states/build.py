@@ -70,6 +70,7 @@ _LOG = logging.getLogger("ftl.states.build")
 def enter(run: Run) -> Next:
     """TASK flow: register the plan's tasks if needed, build them in dependency order, then
     mark blocked every pending task a blocked task made unreachable (``CASCADE_PROPAGATE``)."""
+    from ftl.states.cascade import propagate
     from ftl.states.execute import run_dag
 
     plan = run.current_plan
@@ -81,15 +82,7 @@ def enter(run: Run) -> Next:
         run.log.emit(ev.PLAN_REGISTERED, **registered(plan))
         run.store.add_tasks(run.campaign_id, plan)
     run_dag(run, jobs=1)
-    rows = run.store.tasks(run.campaign_id)
-    propagated = dag.propagate_blocks({r["seq"]: r["depends"] for r in rows},
-                                      {r["seq"]: r["status"] for r in rows})
-    if propagated:
-        run.log.emit(ev.CASCADE_PROPAGATE,
-                     propagated=[{"seq": seq, "blocked_by": roots} for seq, roots in propagated])
-        for seq, roots in propagated:
-            run.store.transition_task(run.campaign_id, seq, "blocked", blocked_by=roots,
-                                      reason=f"unreachable: blocked by {', '.join(roots)}")
+    propagate(run)
     return Next("observe")
 
 

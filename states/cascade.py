@@ -62,13 +62,26 @@ def enter(run: Run) -> Next:
         else:
             return _execute_merged(run, merge)
 
-    propagated = dag.propagate_blocks(deps, status)
-    run.log.emit(ev.CASCADE_PROPAGATE,
-                 propagated=[{"seq": seq, "blocked_by": roots} for seq, roots in propagated])
+    propagate(run, always_emit=True)
+    return Next("observe")
+
+
+def propagate(run: Run, *, always_emit: bool = False) -> list[tuple[str, list[str]]]:
+    """Block every pending task that can no longer run, naming its blocked roots.
+
+    ``CASCADE_PROPAGATE`` is written before the store changes (event before action); with
+    ``always_emit`` also when nothing is propagated. Returns the ``(seq, roots)`` pairs.
+    """
+    rows = run.store.tasks(run.campaign_id)
+    propagated = dag.propagate_blocks({r["seq"]: r["depends"] for r in rows},
+                                      {r["seq"]: r["status"] for r in rows})
+    if propagated or always_emit:
+        run.log.emit(ev.CASCADE_PROPAGATE,
+                     propagated=[{"seq": seq, "blocked_by": roots} for seq, roots in propagated])
     for seq, roots in propagated:
         run.store.transition_task(run.campaign_id, seq, "blocked", blocked_by=roots,
                                   reason=f"unreachable: blocked by {', '.join(roots)}")
-    return Next("observe")
+    return propagated
 
 
 def _execute_merged(run: Run, fields: dict[str, Any]) -> Next:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftl.models import ExplorerResult, Plan
+from ftl.models import ExplorerResult
 from ftl.server.tools.explorers import (ExploreArgs, detect_frameworks, explore_delta,
                                         explore_memory, explore_pattern, explore_structure,
                                         keywords, parse_readme_idioms)
