@@ -193,6 +193,7 @@ def test_gitignore_covers_every_generated_file(name: str, tmp_path: Path) -> Non
 def test_drill_run_script_builds_a_clean_repo_and_calls_ftl(tmp_path: Path) -> None:
     examples = tmp_path / "examples"
     shutil.copytree(DRILL, examples / "failure-drill")
+    shutil.copy(DRILL.parent / "common.sh", examples / "common.sh")
     record = tmp_path / "ftl-call.json"
     (tmp_path / "fake_ftl.py").write_text(
         "import json, subprocess, sys\n"
@@ -228,6 +229,7 @@ def test_drill_run_script_builds_a_clean_repo_and_calls_ftl(tmp_path: Path) -> N
 def test_real_project_run_script_rejects_an_sdist_with_the_wrong_hash(tmp_path: Path) -> None:
     examples = tmp_path / "examples"
     shutil.copytree(REAL, examples / "real-project")
+    shutil.copy(REAL.parent / "common.sh", examples / "common.sh")
     script_text = (REAL / "run.sh").read_text(encoding="utf-8")
     version = re.search(r'^version="([0-9.]+)"$', script_text, re.MULTILINE).group(1)
     downloads = examples / "work" / "downloads"

@@ -7,15 +7,9 @@
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work="${FTL_WORK_DIR:-$(dirname "$here")/work}"
+source "$here/../common.sh"
 repo="$work/failure-drill"
-export PYTHON="${PYTHON:-python3}"
-ftl_bin="${FTL_BIN:-ftl}"
-
-command -v "$ftl_bin" >/dev/null 2>&1 || {
-    echo "run.sh: '$ftl_bin' not found; activate the environment where ftl-runner is installed or set FTL_BIN" >&2
-    exit 2
-}
+require_ftl
 
 rm -rf "$repo"
 mkdir -p "$work"
@@ -23,11 +17,7 @@ cp -R "$here/project" "$repo"
 find "$repo" \( -name __pycache__ -o -name .drill -o -name build \) -prune -exec rm -rf {} +
 
 cd "$repo"
-git -c init.defaultBranch=main init -q
-git config user.name "ftl example"
-git config user.email "ftl-example@example.invalid"
-git add -A
-git -c commit.gpgsign=false commit -q --no-verify -m "tally: failure drill baseline"
+commit_baseline "tally: failure drill baseline"
 
-objective="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["objective"])' "$here/plan.json")"
+objective="$(plan_objective "$here/plan.json")"
 exec "$ftl_bin" campaign run "$objective" --plan "$here/plan.json" --repo "$repo" "$@"

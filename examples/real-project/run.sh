@@ -13,16 +13,10 @@ sdist="more_itertools-$version.tar.gz"
 sha256="cbf08fd0af284dc69718b9b76a8e6203df624d70209ea511e4219d350c856f63"
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-work="${FTL_WORK_DIR:-$(dirname "$here")/work}"
+source "$here/../common.sh"
 downloads="$work/downloads"
 repo="$work/$name"
-export PYTHON="${PYTHON:-python3}"
-ftl_bin="${FTL_BIN:-ftl}"
-
-command -v "$ftl_bin" >/dev/null 2>&1 || {
-    echo "run.sh: '$ftl_bin' not found; activate the environment where ftl-runner is installed or set FTL_BIN" >&2
-    exit 2
-}
+require_ftl
 
 mkdir -p "$downloads"
 if [ ! -f "$downloads/$sdist" ]; then
@@ -40,11 +34,7 @@ tar -xzf "$downloads/$sdist" -C "$repo" --strip-components=1
 cat "$here/gitignore" >> "$repo/.gitignore"
 
 cd "$repo"
-git -c init.defaultBranch=main init -q
-git config user.name "ftl example"
-git config user.email "ftl-example@example.invalid"
-git add -A
-git -c commit.gpgsign=false commit -q --no-verify -m "$name $version sdist"
+commit_baseline "$name $version sdist"
 
-objective="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["objective"])' "$here/plan.json")"
+objective="$(plan_objective "$here/plan.json")"
 exec "$ftl_bin" campaign run "$objective" --plan "$here/plan.json" --repo "$repo" "$@"
