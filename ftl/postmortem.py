@@ -24,7 +24,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from ftl.errors import kind
-from ftl.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo
+from ftl.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo, format_ms
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -88,13 +88,7 @@ def _epoch_ms(ts: Any) -> float | None:
 
 
 def _fmt_ms(ms: float | None) -> str:
-    if ms is None:
-        return "-"
-    if ms < 1000:
-        return f"{ms:.0f} ms"
-    if ms < 120_000:
-        return f"{ms / 1000:.2f} s"
-    return f"{ms / 60000:.1f} min"
+    return format_ms(ms, digits=2)
 
 
 def _status_key(info: TaskInfo) -> str:

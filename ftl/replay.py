@@ -957,14 +957,17 @@ def replay(paths: Iterable[Path]) -> Replay:
 
 # ---------------------------------------------------------------------------------- text
 
-def _fmt_ms(ms: int | None) -> str:
+def format_ms(ms: float | None, digits: int = 1) -> str:
+    """A duration for people: ``-``, ``"950 ms"``, ``"1.2 s"`` (``digits`` decimals), ``"3.5 min"``."""
     if ms is None:
         return "-"
     if ms < 1000:
-        return f"{ms} ms"
+        return f"{ms:.0f} ms"
     if ms < 120_000:
-        return f"{ms / 1000:.1f} s"
+        return f"{ms / 1000:.{digits}f} s"
     return f"{ms / 60000:.1f} min"
+
+
 
 
 def render_text(result: Replay) -> str:
@@ -975,7 +978,7 @@ def render_text(result: Replay) -> str:
     add = out.append
     add(f"campaign {result.campaign_id}: {result.events} events, "
         f"outcome {result.outcome or 'none (the log stops mid-run)'} (exit {result.exit_code}), "
-        f"{_fmt_ms(result.duration_ms)}")
+        f"{format_ms(result.duration_ms)}")
     if result.objective:
         add(f"objective: {result.objective}")
     for note in result.warnings():
@@ -995,14 +998,14 @@ def render_text(result: Replay) -> str:
     for s in result.states:
         extra = f" error_type={s.error_type}" if s.error_type else ""
         leave = f" -> {s.to} ({s.trigger})" if s.trigger else (" (cut by crash)" if s.interrupted else "")
-        add(f"  seq {s.seq!s:>5} {s.state:<9} {_fmt_ms(s.duration_ms):>9}{leave}{extra}"
+        add(f"  seq {s.seq!s:>5} {s.state:<9} {format_ms(s.duration_ms):>9}{leave}{extra}"
             + (" [resumed]" if s.resumed else ""))
     if result.attempts:
         add("tasks:")
         for a in result.attempts:
             status = a.status or "interrupted"
             line = (f"  {a.seq} attempt {a.attempt} on {a.worker}: {status} "
-                    f"({_fmt_ms(a.duration_ms)})")
+                    f"({format_ms(a.duration_ms)})")
             if a.error_type:
                 line += f" {a.error_type}"
             if a.retries:
