@@ -968,8 +968,6 @@ def format_ms(ms: float | None, digits: int = 1) -> str:
     return f"{ms / 60000:.1f} min"
 
 
-
-
 def render_text(result: Replay) -> str:
     """A plain-text postmortem for terminals and notes: outcome, warnings, runs and crash
     boundaries, states with durations, every task attempt with its failures, the failures with
