@@ -178,11 +178,7 @@ def complete(env: Env, ref: str, delivered: str, utilized: str | None) -> Reply:
     workspace object. Unknown ID -> NOT_FOUND; finished or stale attempt -> CONFLICT.
     """
     items = parse_json_option(utilized, "--utilized", list) if utilized is not None else []
-    cid, row = _open_attempt(env, ref)
-    env.store.transition_task(cid, row["seq"], "complete", delivered=delivered)
-    env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], "complete",
-                               {"delivered": delivered, "utilized": items})
-    return Reply(view(_find(env, cid, row["workspace_id"])))
+    return _finish(env, ref, "complete", {"delivered": delivered, "utilized": items})
 
 
 @command(cli, "block")
@@ -195,11 +191,16 @@ def block(env: Env, ref: str, reason: str) -> Reply:
     FTL. data: the workspace object. Unknown ID -> NOT_FOUND; finished or stale attempt ->
     CONFLICT.
     """
+    return _finish(env, ref, "blocked", {"delivered": f"BLOCKED: {reason}", "reason": reason})
+
+
+def _finish(env: Env, ref: str, status: str, result: dict) -> Reply:
+    """End the open attempt of workspace ``ref``: the task and the workspace row both move to
+    ``status`` (complete | blocked); ``result`` carries ``delivered`` and, when blocked, ``reason``."""
     cid, row = _open_attempt(env, ref)
-    delivered = f"BLOCKED: {reason}"
-    env.store.transition_task(cid, row["seq"], "blocked", reason=reason, delivered=delivered)
-    env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], "blocked",
-                               {"delivered": delivered, "reason": reason})
+    env.store.transition_task(cid, row["seq"], status, reason=result.get("reason"),
+                              delivered=result["delivered"])
+    env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], status, result)
     return Reply(view(_find(env, cid, row["workspace_id"])))
 
 
