@@ -568,6 +568,10 @@ class ClingoEvaluator:
         self._cond = threading.Condition()
         self._closed = False
         self._program: _Program | None = None
+        # Thread isolation shares one parsed program (clingo AST objects and the static closure
+        # cache); concurrent use of them from several threads crashed a child process (SIGSEGV)
+        # once in CI, so evaluations in this mode run one at a time.
+        self._thread_eval_lock = threading.Lock()
         if isolation == "thread":
             try:
                 self._program = _Program(self.rule_texts, self.server_facts, self.hidden_predicates)
@@ -641,8 +645,11 @@ class ClingoEvaluator:
                     limit_ms: int | None) -> dict[str, Any]:
         assert self._program is not None
         box: dict[str, Any] = {}
-        thread = threading.Thread(target=lambda: box.update(_safe_run(self._program, plain)),
-                                  name="ftl-eval", daemon=True)
+        def evaluate() -> None:
+            with self._thread_eval_lock:
+                box.update(_safe_run(self._program, plain))
+
+        thread = threading.Thread(target=evaluate, name="ftl-eval", daemon=True)
         started = time.monotonic()
         thread.start()
         while thread.is_alive():
