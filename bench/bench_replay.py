@@ -9,15 +9,17 @@ events carry a realistic output tail (0.3 to 2 KB), so lines vary from 150 B to 
 
 Then it measures, each in a fresh subprocess (so peak memory is the process's own):
 
-- ``parse``: ``json.loads`` of every line, nothing kept (the floor any replay has to pay);
-- ``replay``: the full postmortem (invariants, timeline, attempts, failures, cascade).
+- ``parse``: ``json.loads`` of every line, nothing kept: the baseline of the target;
+- ``orjson``: ``orjson.loads`` of every line (the parser replay uses), for reference;
+- ``import``: a process that only imports ``ftl.replay`` (the memory floor of any replay);
+- ``replay``: the full postmortem (invariants, timeline, attempts, failures, cascade);
+- ``replay+text``: that, then the text postmortem streamed to /dev/null (``ftl replay LOG``).
 
-and prints events/s, the ratio replay/parse (target: at most 2x), and peak RSS (``VmHWM``)
-for each. ``--sizes`` measures several log sizes with
-the same mix, to show how memory grows: by the size of the story (task attempts and failures
-kept for the report), not by the number or size of lines.
+and prints events/s, the ratios to the bare parse (target: at most 2x) and peak RSS
+(``VmHWM``) for each. ``--sizes`` measures several log sizes with the same mix: flat memory
+means the replay's peak RSS stays the same as the log grows tenfold.
 
-Usage: python bench/bench_replay.py [--sizes 1000000] [--seed 7] [--dir DIR] [--keep]
+Usage: python bench/bench_replay.py [--sizes 100000,1000000] [--repeat 3] [--seed 7] [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -232,29 +234,47 @@ def generate(path: Path, events: int, seed: int) -> dict[str, int]:
     return counts
 
 
+MODES = ("parse", "orjson", "import", "replay", "replay+text")
+
+
 def measure(mode: str, path: Path) -> dict[str, object]:
-    """Run one measurement in this process: ``parse`` or ``replay``."""
-    started = time.perf_counter()
-    if mode == "parse":
-        loads = json.loads
+    """Run one measurement (one of `MODES`) in this process."""
+    extra: dict[str, object] = {}
+    if mode == "import":
+        started = time.perf_counter()
+        import ftl.replay  # noqa: F401
+
         events = 0
-        with open(path, encoding="utf-8") as handle:
+    elif mode in ("parse", "orjson"):
+        if mode == "orjson":
+            import orjson
+
+            loads, open_mode = orjson.loads, "rb"
+        else:
+            loads, open_mode = json.loads, "r"
+        started = time.perf_counter()
+        events = 0
+        with open(path, open_mode) as handle:
             for line in handle:
                 loads(line)
                 events += 1
-        extra: dict[str, object] = {}
     else:
-        from ftl.replay import replay
+        from ftl.replay import replay, text_lines
 
-        result = replay([path])
-        events = result.events
-        extra = {"violations": len(result.violations), "attempts": len(result.attempts),
-                 "failures": len(result.failures), "tasks": len(result.tasks),
-                 "crash_boundaries": result.crash_boundaries[:3]}
+        started = time.perf_counter()  # throughput: the import's one-time cost is the "import" row
+        with replay([path]) as result:
+            if mode == "replay+text":
+                with open(os.devnull, "w", encoding="utf-8") as sink:
+                    sink.writelines(text_lines(result))
+            events = result.events
+            extra = {"violations": len(result.violations), "attempts": len(result.attempts),
+                     "failures": len(result.failures), "tasks": len(result.tasks),
+                     "crash_boundaries": result.crash_boundaries[:3]}
     seconds = time.perf_counter() - started
     maxrss_kb = _peak_rss_kb()
     return {"mode": mode, "events": events, "seconds": round(seconds, 3),
-            "events_per_s": int(events / seconds) if seconds else None, "maxrss_mb": round(maxrss_kb / 1024, 1),
+            "events_per_s": int(events / seconds) if seconds and events else 0,
+            "maxrss_mb": round(maxrss_kb / 1024, 1),
             **extra}
 
 
@@ -282,7 +302,7 @@ def _child(mode: str, path: Path) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="1000000", help="comma-separated event counts")
+    parser.add_argument("--sizes", default="100000,1000000", help="comma-separated event counts")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--dir", type=Path, help="where to write the logs (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
@@ -308,20 +328,26 @@ def main(argv: list[str] | None = None) -> int:
                   f"blocked, one crash) written in {gen_s:.1f} s", flush=True)
             best: dict[str, dict] = {}
             for _ in range(max(1, args.repeat)):
-                for mode in ("parse", "replay"):
+                for mode in MODES:  # interleaved, so drift in machine load hits every mode alike
                     m = _child(mode, path)
                     if mode not in best or m["seconds"] < best[mode]["seconds"]:
                         best[mode] = m
-            parse, rep = best["parse"], best["replay"]
-            ratio = rep["seconds"] / parse["seconds"]
-            print(f"  bare parse: {parse['events_per_s']:>9,} events/s  {parse['seconds']:>7.2f} s  "
-                  f"peak RSS {parse['maxrss_mb']:>7.1f} MB")
-            print(f"  replay    : {rep['events_per_s']:>9,} events/s  {rep['seconds']:>7.2f} s  "
-                  f"peak RSS {rep['maxrss_mb']:>7.1f} MB  ({rep['attempts']:,} attempts, "
-                  f"{rep['failures']:,} failures kept; {rep['violations']} violations)")
-            print(f"  replay / parse time: {ratio:.2f}x (target <= 2x): {'OK' if ratio <= 2 else 'OVER'}")
-            rows.append({"events": counts["events"], "mb": round(mb, 1), "parse": parse, "replay": rep,
-                         "ratio": round(ratio, 3)})
+            base = best["parse"]["seconds"]
+            for mode in MODES:
+                m = best[mode]
+                rate = f"{m['events_per_s']:>9,} events/s" if m["events"] else " " * 18
+                ratio = f"{m['seconds'] / base:5.2f}x parse" if mode != "import" else " " * 11
+                print(f"  {mode:<12}: {rate}  {m['seconds']:>6.2f} s  {ratio}  peak RSS {m['maxrss_mb']:>6.1f} MB")
+            rep = best["replay"]
+            print(f"  kept on disk: {rep['attempts']:,} attempts, {rep['failures']:,} failures, "
+                  f"{rep['tasks']:,} tasks; {rep['violations']} violations")
+            for mode in ("replay", "replay+text"):
+                ratio = best[mode]["seconds"] / base
+                print(f"  {mode} / bare json.loads parse: {ratio:.2f}x (target <= 2x): "
+                      f"{'OK' if ratio <= 2 else 'OVER'}")
+            rows.append({"events": counts["events"], "mb": round(mb, 1), **best,
+                         "ratio": round(best["replay"]["seconds"] / base, 3),
+                         "ratio_text": round(best["replay+text"]["seconds"] / base, 3)})
         print(json.dumps(rows))
     finally:
         if not args.keep and args.dir is None:

@@ -322,7 +322,4 @@ def _register_optional_commands() -> None:
     main.add_command(mcp)
 
 
-_register_optional_commands()
-
-if __name__ == "__main__":  # pragma: no cover
-    main()
+_register_optional_commands()  # `python -m ftl` (ftl/__main__.py) runs `main`

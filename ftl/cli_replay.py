@@ -5,9 +5,13 @@ Registered on the main ``ftl`` group by ``ftl.cli``.
 
 from __future__ import annotations
 
-import json
+import io
+import os
+import sqlite3
 import sys
+from itertools import chain
 from pathlib import Path
+from typing import Callable, Iterable, TextIO
 
 import click
 
@@ -24,12 +28,44 @@ def _existing(paths: tuple[Path, ...], option: str) -> list[Path]:
 
 
 def _write(text: str, output: Path | None) -> None:
+    _stream(lambda handle: handle.write(text), output)
+
+
+def _write_lines(lines: Iterable[str], output: Path | None) -> None:
+    _stream(lambda handle: handle.writelines(lines), output)
+
+
+def _stream(write: Callable[[TextIO], object], output: Path | None) -> None:
+    """Run ``write`` on stdout or on ``output`` (created with its folders): a postmortem goes
+    out as it is made, never held whole in memory. Text a log carries that the encoding cannot
+    hold (a lone surrogate) goes out backslash-escaped; a reader that stops early (``| head``)
+    ends the output quietly.
+
+    Raises:
+        FtlError: not_found when ``output`` cannot be created or written.
+    """
     if output is None:
-        click.echo(text, nl=False)
+        stdout = sys.stdout
+        buffer = getattr(stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (an embedding host): no re-encoding possible
+            write(stdout)
+            return
+        stdout.flush()
+        handle = io.TextIOWrapper(buffer, encoding=stdout.encoding or "utf-8", errors="backslashreplace",
+                                  newline="\n")
+        try:
+            write(handle)
+            handle.flush()
+        except BrokenPipeError:
+            # Point stdout at /dev/null so the interpreter's last flush does not fail again.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
+        else:
+            handle.detach()  # leave stdout's buffer open for whoever writes next
         return
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text, encoding="utf-8")
+        with open(output, "w", encoding="utf-8", errors="backslashreplace") as handle:
+            write(handle)
     except OSError as exc:
         raise FtlError("not_found", {"what": f"a writable place for {output.name} "
                                              f"({exc.strerror or 'OS error'})"}) from None
@@ -64,7 +100,7 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
     Exit codes: 0; 1 with --check when an invariant is violated, or with --against when the
     decisions differ; 2 when a log file is missing.
     """
-    from ftl.replay import diff_decisions, render_diff_text, render_text, replay
+    from ftl.replay import diff_decisions, render_diff_text, replay
 
     paths = _existing(logs, "LOGS")
     other = _existing(against, "--against")
@@ -72,7 +108,19 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
         raise FtlError("invalid_params", {"schema_errors": [
             {"path": "--output", "message": "give -o FILE for the HTML report when --json prints "
                                             "the envelope", "keyword": "required"}]})
-    result = replay(paths)
+    try:
+        with replay(paths) as result:
+            return _report(result, paths, other, check, fmt, output, as_json)
+    except sqlite3.Error:
+        # The story's records spill to a temporary database (ftl.spool) on long logs.
+        raise FtlError("not_found", {"what": "a writable temporary directory with free space for "
+                                             "the replay's records (set TMPDIR to one)"}) from None
+
+
+def _report(result, paths: list[Path], other: list[Path], check: bool, fmt: str,
+            output: Path | None, as_json: bool) -> int:
+    from ftl.replay import diff_decisions, render_diff_text, text_lines, write_json
+
     diff = diff_decisions(paths, other) if other else None
     failed = bool(check and result.violations) or bool(diff is not None and not diff.same)
 
@@ -88,20 +136,18 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
             click.echo(f"postmortem written to {output}")
         return 1 if failed else 0
     if as_json or fmt == "json":
-        data = result.to_json()
+        data = result.to_json(lazy=True)  # records stream from the spool as they are written
         data["check"] = _check(result)
         if diff is not None:
             data["diff"] = diff.to_json()
         payload = envelope.success(data, warnings=_warnings(result))
-        if output is not None:
-            _write(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n", output)
-        else:
-            _emit(payload, True)
+        _stream(lambda handle: write_json(payload, handle), output)
         return 1 if failed else 0
-    text = render_text(result)
+    lines = text_lines(result)
     if diff is not None:
-        text += render_diff_text(diff, " ".join(p.name for p in paths), " ".join(p.name for p in other))
-    _write(text, output)
+        lines = chain(lines, [render_diff_text(diff, " ".join(p.name for p in paths),
+                                               " ".join(p.name for p in other))])
+    _write_lines(lines, output)
     if output is not None:
         click.echo(f"postmortem written to {output}")
     return 1 if failed else 0

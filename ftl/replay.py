@@ -3,9 +3,11 @@
 `replay(paths)` streams one or more logs of a campaign in order (ftl's resume appends to the
 same file, so one file may hold several runs; a crashed run's log and its resume's log may also
 be given as two files). A new ``RUN_START`` after a run that wrote no ``RUN_END`` is a crash
-boundary. Memory is bounded by the size of the story (states entered, task attempts, failures),
-never by the number or size of the lines: each line is parsed, folded into the result and
-dropped, and per-operation bookkeeping is released when its task or state ends.
+boundary. Memory is flat: each line is parsed, folded into the result and dropped; each record
+of the story (a task attempt, a failure, a state stay...) goes to an on-disk spool
+(`ftl.spool`) as soon as no later event can change it, and the renderers (`text_lines`,
+`write_json`) read it back record by record. In memory stay the work in flight (running
+attempts, open failures and operations) and a bounded cache of per-task records.
 
 Invariants checked, each violation reported with the ``seq`` of the event that broke it
 (design.md §6 and §5; rule names in `RULES`):
@@ -39,13 +41,17 @@ from __future__ import annotations
 import gc
 import json
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import orjson
+
 from ftl import events as ev
 from ftl.errors import REGISTRY, Route, kind
+from ftl.spool import Records, Spool, TaskTable, task_sort_key
 
 RULES: dict[str, str] = {
     "seq_increasing": "seq strictly increases across the story",
@@ -190,34 +196,61 @@ class RunSegment:
         return self.outcome is None
 
 
-@dataclass
-class Replay:
-    """What a log says happened. Built by `replay`; render with `render_text`, `to_json` or
-    `ftl.postmortem.render_html`."""
+def _codec(cls: type) -> tuple[Any, Any]:
+    """(encode, decode) of a slotted record dataclass as a tuple of its fields, for `Records`."""
+    return attrgetter(*(f.name for f in fields(cls))), (lambda values: cls(*values))
 
-    campaign_id: str | None = None
-    objective: str | None = None
-    flow: str | None = None
-    files: list[str] = field(default_factory=list)
-    events: int = 0
-    first_ts: str | None = None
-    last_ts: str | None = None
-    runs: list[RunSegment] = field(default_factory=list)
-    states: list[StateSpan] = field(default_factory=list)
-    tasks: dict[str, TaskInfo] = field(default_factory=dict)
-    attempts: list[TaskAttempt] = field(default_factory=list)
-    failures: list[Failure] = field(default_factory=list)
-    retries: list[dict[str, Any]] = field(default_factory=list)
-    recoveries: list[dict[str, Any]] = field(default_factory=list)
-    cascade: list[dict[str, Any]] = field(default_factory=list)
-    repaired: list[dict[str, Any]] = field(default_factory=list)
-    outcome: str | None = None
-    exit_code: int | None = None
-    summary: dict[str, Any] | None = None
-    torn_tails: list[str] = field(default_factory=list)
-    invalid_lines: list[dict[str, Any]] = field(default_factory=list)
-    other_campaigns: list[str] = field(default_factory=list)
-    violations: list[Violation] = field(default_factory=list)
+
+class Replay:
+    """What a log says happened. Built by `replay`; render with `text_lines`/`render_text`,
+    `to_json` or `ftl.postmortem.render_html`.
+
+    The story's records (``states``, ``attempts``, ``failures``, ``retries``, ``recoveries``,
+    ``cascade``, ``violations``, ``invalid_lines``: `ftl.spool.Records`; ``tasks``: a
+    `ftl.spool.TaskTable` by task seq) live in a temporary on-disk database, so memory stays
+    flat however long the log; they iterate in the order the story began them (an attempt at its
+    ``TASK_START``, a failure at its ``TOOL_FAILURE``). `close` deletes the database (so does
+    garbage collection).
+    """
+
+    def __init__(self) -> None:
+        self.campaign_id: str | None = None
+        self.objective: str | None = None
+        self.flow: str | None = None
+        self.files: list[str] = []
+        self.events = 0
+        self.first_ts: str | None = None
+        self.last_ts: str | None = None
+        self.runs: list[RunSegment] = []
+        self.repaired: list[dict[str, Any]] = []
+        self.outcome: str | None = None
+        self.exit_code: int | None = None
+        self.summary: dict[str, Any] | None = None
+        self.torn_tails: list[str] = []
+        self.other_campaigns: list[str] = []
+        self._spool = spool = Spool()
+        self.states: Records[StateSpan] = Records(spool, "states", *_codec(StateSpan))
+        self.attempts: Records[TaskAttempt] = Records(spool, "attempts", *_codec(TaskAttempt))
+        self.failures: Records[Failure] = Records(spool, "failures", *_codec(Failure))
+        self.violations: Records[Violation] = Records(spool, "violations", *_codec(Violation))
+        self.retries: Records[dict[str, Any]] = Records(spool, "retries")
+        self.recoveries: Records[dict[str, Any]] = Records(spool, "recoveries")
+        self.cascade: Records[dict[str, Any]] = Records(spool, "cascade")
+        self.invalid_lines: Records[dict[str, Any]] = Records(spool, "invalid_lines")
+        encode, decode = _codec(TaskInfo)
+        self.tasks: TaskTable[TaskInfo] = TaskTable(
+            spool, "tasks", encode, decode,
+            blocked_by=lambda info: info.blocked_by if info.status == "blocked" else None)
+
+    def close(self) -> None:
+        """Delete the on-disk records; the `Replay` is unusable afterwards."""
+        self._spool.close()
+
+    def __enter__(self) -> Replay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def torn_tail(self) -> bool:
@@ -233,27 +266,27 @@ class Replay:
         return _ms_between(self.first_ts, self.last_ts)
 
     def failure(self, seq: int) -> Failure | None:
+        """The failure logged at ``seq`` (a scan: for tests and small reports)."""
         for failure in self.failures:
             if failure.seq == seq:
                 return failure
         return None
 
     def blocks(self) -> list[dict[str, Any]]:
+        """The cascade tree as a list (`iter_blocks`)."""
+        return list(self.iter_blocks())
+
+    def iter_blocks(self) -> Iterator[dict[str, Any]]:
         """The cascade tree: one entry per blocked root, ``{root, slug, error_type, reason,
-        blocked: [seq...]}`` (tasks made unreachable by that root, in seq order)."""
-        roots: dict[str, dict[str, Any]] = {}
-        for info in self.tasks.values():
-            if info.status == "blocked" and not info.blocked_by:
-                roots[info.seq] = {"root": info.seq, "slug": info.slug, "error_type": info.error_type,
-                                   "reason": info.reason, "blocked": []}
-        for info in self.tasks.values():
-            for root in info.blocked_by if info.status == "blocked" else ():
-                roots.setdefault(root, {"root": root, "slug": self.tasks.get(root, TaskInfo(root)).slug,
-                                        "error_type": None, "reason": None, "blocked": []})
-                roots[root]["blocked"].append(info.seq)
-        for entry in roots.values():
-            entry["blocked"].sort(key=_seq_key)
-        return [roots[k] for k in sorted(roots, key=_seq_key)]
+        blocked: [seq...]}`` (tasks made unreachable by that root, in seq order), roots in seq
+        order; ``error_type``/``reason`` are set for a root that failed itself. Streams from the
+        task table, one root at a time."""
+        for root, blocked in self.tasks.cascade():
+            info = self.tasks.get(root)
+            failed = info is not None and info.status == "blocked" and not info.blocked_by
+            yield {"root": root, "slug": info.slug if info is not None else None,
+                   "error_type": info.error_type if failed else None,
+                   "reason": info.reason if failed else None, "blocked": blocked}
 
     def warnings(self) -> list[str]:
         """Findings about the log itself (not protocol violations)."""
@@ -272,9 +305,23 @@ class Replay:
                          "`ftl campaign resume` continues it")
         return notes
 
-    def to_json(self) -> dict[str, Any]:
-        """JSON-ready dict: the keys of `Replay` with dataclasses as dicts; ``tasks`` is the list
-        of attempts and ``task_status`` the final word per task."""
+    def to_json(self, *, lazy: bool = False) -> dict[str, Any]:
+        """JSON-ready dict: the keys of `Replay` with records as dicts; ``tasks`` is the list of
+        attempts and ``task_status`` the final word per task.
+
+        Args:
+            lazy: the long lists (attempts, tasks, failures, retries, recoveries, cascade,
+                states, violations) are `JsonArray`s read from the spool while they are written:
+                for `write_json`, which streams; ``json.dumps`` would see them empty.
+        """
+        def many(records: Any, convert: Any, length: int) -> list[Any]:
+            # ``records``: a re-iterable (`Records`) or a callable giving a fresh iterator.
+            walk = records if callable(records) else (lambda: records)
+            if lazy:
+                return JsonArray(lambda: map(convert, walk()), length)
+            return [convert(item) for item in walk()]
+
+        same = _identity
         return {
             "campaign_id": self.campaign_id, "objective": self.objective, "flow": self.flow,
             "files": self.files, "events": self.events, "outcome": self.outcome,
@@ -282,23 +329,63 @@ class Replay:
             "first_ts": self.first_ts, "last_ts": self.last_ts, "duration_ms": self.duration_ms,
             "runs": [{**asdict(r), "crashed": r.crashed} for r in self.runs],
             "crash_boundaries": self.crash_boundaries,
-            "states": [asdict(s) for s in self.states],
-            "tasks": [a.to_json() for a in self.attempts],
-            "task_status": [asdict(t) for t in self.ordered_tasks()],
-            "failures": [asdict(f) for f in self.failures],
-            "retries": self.retries, "recoveries": self.recoveries, "cascade": self.cascade,
-            "blocks": self.blocks(), "repaired": self.repaired,
+            "states": many(self.states, asdict, len(self.states)),
+            "tasks": many(self.attempts, TaskAttempt.to_json, len(self.attempts)),
+            "task_status": many(self.tasks.values, asdict, len(self.tasks)),
+            "failures": many(self.failures, asdict, len(self.failures)),
+            "retries": many(self.retries, same, len(self.retries)),
+            "recoveries": many(self.recoveries, same, len(self.recoveries)),
+            "cascade": many(self.cascade, same, len(self.cascade)),
+            "blocks": JsonArray(self.iter_blocks, sum(1 for _ in self.tasks.cascade()))
+                      if lazy else self.blocks(),
+            "repaired": self.repaired,
             "torn_tail": self.torn_tail, "torn_tails": self.torn_tails,
-            "invalid_lines": self.invalid_lines, "warnings": self.warnings(),
-            "violations": [v.to_json() for v in self.violations],
+            "invalid_lines": many(self.invalid_lines, same, len(self.invalid_lines)),
+            "warnings": self.warnings(),
+            "violations": many(self.violations, Violation.to_json, len(self.violations)),
         }
 
     def ordered_tasks(self) -> list[TaskInfo]:
-        return [self.tasks[k] for k in sorted(self.tasks, key=_seq_key)]
+        """Every task's final word, in task order."""
+        return list(self.tasks.values())
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+class JsonArray(list):  # type: ignore[type-arg]
+    """A JSON array produced on demand: ``items()`` is called each time it is walked.
+
+    The pure-Python encoder of `json` (``JSONEncoder.iterencode``) walks a list with ``len`` and
+    ``iter``, which this overrides, so a spooled list is encoded record by record without being
+    built; the C one-shot encoder (``json.dumps``) reads the real (empty) list instead.
+    """
+
+    def __init__(self, items: Any, length: int) -> None:
+        super().__init__()
+        self._items, self._length = items, length
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._items())
+
+    def __len__(self) -> int:
+        return self._length
+
+
+def write_json(payload: Any, handle: Any, *, indent: int | None = 2) -> None:
+    """Write ``payload`` (which may hold `JsonArray`s, e.g. ``Replay.to_json(lazy=True)``) to the
+    text ``handle`` as JSON, chunk by chunk: memory holds one record at a time, not the document.
+    Keys sorted; values JSON cannot hold are written as ``str(value)``."""
+    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=str)
+    write = handle.write
+    for chunk in encoder.iterencode(payload):
+        write(chunk)
+    write("\n")
 
 
 def _seq_key(seq: str) -> tuple[int, str]:
-    return (int(seq), seq) if str(seq).isdigit() else (1 << 30, str(seq))
+    return (task_sort_key(seq), str(seq))  # the task table's order
 
 
 def _parse_ts(value: Any) -> datetime | None:
@@ -352,34 +439,40 @@ def stream(paths: Iterable[Path], result: Replay | None = None) -> Iterator[dict
         yield from _read(path, name, result)
 
 
-_decode = json.JSONDecoder().raw_decode
+_loads = orjson.loads
+_ParseError = orjson.JSONDecodeError
+
+
+def _fallback(line: bytes) -> Any:
+    """What `json.loads` makes of a line orjson refuses: NaN, integers past 64 bits, lone
+    surrogates and bytes that are not UTF-8 (they become U+FFFD) are read as before; a line
+    that is not JSON at all gives None."""
+    try:
+        return json.loads(line.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
 
 
 def _read(path: Path, name: str, result: Replay | None) -> Iterator[dict[str, Any]]:
-    # Text mode splitting on "\n" only (JSON escapes every other control character); bytes that
-    # are not UTF-8 become U+FFFD instead of stopping the read. raw_decode skips json.loads's
-    # type checks and trailing-whitespace regex: the hot path of a multi-GB replay.
-    decode = _decode
-    with open(path, encoding="utf-8", errors="replace", newline="\n") as handle:
+    # Binary lines split on b"\n" only (JSON escapes every other control character). orjson is
+    # the hot path of a multi-GB replay (about 3x json.loads); whatever it refuses goes through
+    # json.loads. One difference remains: an integer past 64 bits reads as a float.
+    loads, error = _loads, _ParseError
+    with open(path, "rb") as handle:
         number = 0
         for line in handle:
             number += 1
             try:
-                event, end = decode(line)
-                if end < len(line) - 1 and line[end:].strip():
-                    event = None  # trailing garbage: two records glued together
-            except (ValueError, RecursionError):
-                try:
-                    event = json.loads(line)  # leading whitespace, or really invalid
-                except (ValueError, RecursionError):
-                    event = None
+                event = loads(line)
+            except error:
+                event = _fallback(line)
             if type(event) is dict:
                 yield event
                 continue
             if not line.strip():
                 continue
             if result is not None:
-                if line.endswith("\n"):
+                if line.endswith(b"\n"):
                     result.invalid_lines.append({"file": name, "line": number})
                 else:
                     result.torn_tails.append(name)
@@ -418,9 +511,14 @@ class _Checker:
         self.transient_retries = 1
         self.flaky_retries = 2
         self.unclassified: dict[int, Failure] = {}
-        self.state_failures: list[Failure] = []  # failures of the current state still open
+        # Failures not yet settled (written to r.failures), by their key there; a failure settles
+        # once nothing can change it any more (`_settle_failures`).
+        self.open_failures: dict[int, Failure] = {}
+        self.state_failures: dict[int, Failure] = {}  # open failures logged in the current state
+        self.state_failure_count = 0
         self.ops: dict[str, _Op] = {}
         self.running: dict[str, TaskAttempt] = {}
+        self.attempt_keys: dict[str, int] = {}  # key in r.attempts of each running attempt
         self.task_failures: dict[str, Failure] = {}  # last failure of each running task
         self.replan_open = False
         self.error: dict[str, Any] | None = None  # ERROR entered, route not yet written
@@ -521,11 +619,12 @@ class _Checker:
             self._close_span(previous.last_ts, None, None, interrupted=True)
             for failure in self.unclassified.values():
                 failure.outcome = failure.outcome or "interrupted"
-            for failure in self.state_failures:
+            for failure in self.state_failures.values():
                 failure.outcome = failure.outcome or "interrupted"
             for task in self.running:
-                if r.tasks.get(task) is not None and r.tasks[task].status == "running":
-                    r.tasks[task].status = "interrupted"
+                info = r.tasks.get(task)
+                if info is not None and info.status == "running":
+                    info.status = "interrupted"
         self.run_index += 1
         self.segment = RunSegment(self.run_index, seq, _s(ts), bool(e.get("resume")), self._file,
                                   pid=_i(e.get("pid")), last_seq=seq, last_ts=_s(ts))
@@ -539,11 +638,12 @@ class _Checker:
         if isinstance(config, dict):
             self.transient_retries = _i(config.get("transient_retries")) or self.transient_retries
             self.flaky_retries = _i(config.get("flaky_verify_retries")) or self.flaky_retries
-        self.running.clear()
+        self._settle_attempts()
         self.task_failures.clear()
         self.unclassified.clear()
-        self.state_failures = []
         self.ops.clear()
+        self._settle_failures(everything=True)
+        self.state_failures, self.state_failure_count = {}, 0
         self.state, self.in_state, self.expect_entry = None, False, None
         self.error, self.route_target, self.returned, self.ended = None, None, False, False
 
@@ -559,7 +659,7 @@ class _Checker:
         if outcome in ("cancelled", "stopped"):
             for attempt in self.running.values():
                 attempt.status = attempt.status or "cancelled"
-            self.running.clear()
+            self._settle_attempts()
             return
         if outcome == "returned" and not self.returned:
             self.violation(seq, "ends_properly", "run returned without a RETURN summary")
@@ -597,11 +697,11 @@ class _Checker:
             self.violation(seq, "error_route", f"ERROR routed to {self.route_target} but entered {state}")
         self.route_target = None
         self.state, self.in_state = state, True
-        self.state_failures = []
-        span = StateSpan(str(state), seq, _s(ts), self.run_index, resumed=resumed,
-                         error_type=_t(e.get("error_type")))
-        self.span = span
-        self.r.states.append(span)
+        self.state_failures, self.state_failure_count = {}, 0
+        if self.span is not None:
+            self.r.states.append(self.span)  # closed above: no later event changes it
+        self.span = StateSpan(str(state), seq, _s(ts), self.run_index, resumed=resumed,
+                              error_type=_t(e.get("error_type")))
         if state == "ERROR":
             self.error_entries += 1
             if not e.get("error_type"):
@@ -622,12 +722,13 @@ class _Checker:
         if dest == "ERROR":
             if trigger != "fail":
                 self.violation(seq, "error_state", f"ERROR entered by '{trigger}', not 'fail'")
-            if not self.state_failures and not any(f.state == self.state for f in self.unclassified.values()):
+            if not self.state_failure_count and not any(
+                    f.state == self.state for f in self.unclassified.values()):
                 self.violation(seq, "error_state", f"{self.state} failed without a TOOL_FAILURE")
             for failure in self.unclassified.values():
                 self.violation(seq, "classify_before_act",
                                f"moved to ERROR before failure {failure.seq} was classified")
-            for failure in self.state_failures:
+            for failure in self.state_failures.values():
                 if failure.outcome is None:
                     failure.outcome, failure.outcome_seq = "error", seq
             self.error_origin = self.state
@@ -642,7 +743,8 @@ class _Checker:
         self.expect_entry = dest
         # Operations never outlive their state (the recovery protocol runs inside a handler).
         self.ops.clear()
-        self.state_failures = []
+        self.state_failures, self.state_failure_count = {}, 0
+        self._settle_failures()
 
     # --- failures and the recovery protocol ---
     def on_tool_failure(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -652,10 +754,12 @@ class _Checker:
         task = _t(e.get("task_seq"))
         failure = Failure(seq, _s(ts), _t(e.get("state")), _t(e.get("tool")), task, _t(e.get("op_id")),
                           _i(e.get("attempt")), _t(e.get("error_type")), message, self.run_index)
-        self.r.failures.append(failure)
+        key = self.r.failures.reserve()
+        self.open_failures[key] = failure
         if seq is not None:
             self.unclassified[seq] = failure
-        self.state_failures.append(failure)
+        self.state_failures[key] = failure
+        self.state_failure_count += 1
         op = failure.op_id
         if op:
             state = self.ops.get(op)
@@ -785,19 +889,22 @@ class _Checker:
     def _task(self, seq: str) -> TaskInfo:
         info = self.r.tasks.get(seq)
         if info is None:
-            info = self.r.tasks[seq] = TaskInfo(seq)
+            info = self.r.tasks.add(seq, TaskInfo(seq))
         return info
 
     def on_plan_registered(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         depends = e.get("depends") if isinstance(e.get("depends"), dict) else {}
         slugs = e.get("slugs") if isinstance(e.get("slugs"), dict) else {}
         for task in [str(t) for t in _list(e.get("seqs")) if isinstance(t, (str, int))] or list(depends):
+            self.r.tasks.evict()  # between records: no TaskInfo is held across this call
             info = self._task(task)
             if task in depends:
                 info.depends = [str(d) for d in _list(depends[task])]
             info.slug = _s(slugs.get(task, info.slug))
 
     def on_task_start(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        tasks = self.r.tasks
+        tasks.evict()  # before any TaskInfo is looked up: none is held across this call
         info = self._task(str(e.get("task_seq") or ""))
         task = info.seq  # one str object per task, shared by its attempts
         if info.slug is None:
@@ -805,17 +912,21 @@ class _Checker:
             info.slug = workspace[len(task) + 1:] if workspace.startswith(task + "-") else None
         if task in self.running:
             self.violation(seq, "task_transitions", f"task {task} started twice")
+            self._settle_attempts(task)  # the first start's attempt stays cut
         elif info.status == "complete":
             self.violation(seq, "task_transitions", f"task {task} started again after completing")
         elif info.status == "blocked" and not self.replan_open:
             self.violation(seq, "task_transitions", f"task {task} started while blocked, without a re-plan")
         if info.depends:
-            tasks = self.r.tasks
-            open_deps = [d for d in info.depends
-                         if d in tasks and tasks[d].status not in ("complete", "interrupted")]
+            open_deps = []
             for dep in info.depends:
-                if dep in tasks and tasks[dep].status == "interrupted":
-                    tasks[dep].status = "complete"  # the store let its dependent start
+                dep_info = tasks.get(dep)
+                if dep_info is None or dep_info.status == "complete":
+                    continue
+                if dep_info.status == "interrupted":
+                    dep_info.status = "complete"  # the store let its dependent start
+                else:
+                    open_deps.append(dep)
             if open_deps:
                 self.violation(seq, "task_transitions",
                                f"task {task} started before {', '.join(open_deps)} completed")
@@ -823,7 +934,7 @@ class _Checker:
         attempt = TaskAttempt(task, _intern(worker) if type(worker) is str else _s(worker),
                               _i(e.get("attempt")), ts, seq, self.run_index)
         self.running[task] = attempt
-        self.r.attempts.append(attempt)
+        self.attempt_keys[task] = self.r.attempts.reserve()
         info.status, info.attempts = "running", info.attempts + 1
         if info.blocked_by:
             info.blocked_by = _NO_ROOTS
@@ -860,6 +971,9 @@ class _Checker:
         if self.ops:
             for op in [op for op, state in self.ops.items() if state.task_seq == task]:
                 del self.ops[op]
+        self.r.attempts.add(attempt, self.attempt_keys.pop(task))
+        if attempt.failures is not None:
+            self._settle_failures(task)
 
     # --- cascade ---
     def on_cascade_status(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -883,6 +997,7 @@ class _Checker:
         for item in propagated:
             if not isinstance(item, dict):
                 continue
+            self.r.tasks.evict()  # between records: no TaskInfo is held across this call
             info = self._task(str(item.get("seq")))
             if info.status == "complete":
                 self.violation(seq, "task_transitions", f"complete task {info.seq} propagated as blocked")
@@ -901,14 +1016,38 @@ class _Checker:
     def on_log_repaired(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         self.r.repaired.append({"seq": seq, "truncated_bytes": e.get("truncated_bytes")})
 
+    # --- settling: records nothing can change any more leave memory for the spool ---
+    def _settle_attempts(self, task: str | None = None) -> None:
+        """Write out the running attempt of ``task`` (default: every one) as it stands."""
+        attempts, keys = self.r.attempts, self.attempt_keys
+        for name in [task] if task is not None else list(self.running):
+            attempts.add(self.running.pop(name), keys.pop(name))
+
+    def _settle_failures(self, task: str | None = None, *, everything: bool = False) -> None:
+        """Write out the open failures (of ``task`` only, when given) that no later event can
+        change: classified, and held by no operation or task of the recovery protocol. At a
+        task's end only those with an outcome go (an ERROR may still claim the others);
+        ``everything`` at a run's end or crash."""
+        held: set[int] = set()
+        if not everything:
+            held = {id(f) for f in self.task_failures.values()}
+            held.update(id(op.failure) for op in self.ops.values() if op.failure is not None)
+            held.update(id(f) for f in self.unclassified.values())
+        add = self.r.failures.add
+        for key, failure in list(self.open_failures.items()):
+            if everything or not (id(failure) in held or (task is not None and (
+                    failure.task_seq != task or failure.outcome is None))):
+                add(failure, key)
+                del self.open_failures[key]
+                self.state_failures.pop(key, None)
+
     def finish(self) -> None:
         r = self.r
         r.events, r.first_ts, r.last_ts = self.count, self.first_ts, self.prev_ts
         self._close_segment()
         if self.segment is None:
             self.violation(None, "ends_properly", "the log holds no RUN_START")
-            return
-        if not self.ended:
+        elif not self.ended:
             for failure in self.unclassified.values():
                 failure.outcome = failure.outcome or "interrupted"
             self.violation(None, "ends_properly", "the log ends without RUN_END (crashed, not resumed)")
@@ -919,6 +1058,11 @@ class _Checker:
                 self.span.duration_ms = _ms_between(self.span.start, r.last_ts)
         elif r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled", "stopped"):
             self.violation(None, "ends_properly", f"unknown outcome {r.outcome}")
+        if self.span is not None:
+            r.states.append(self.span)
+            self.span = None
+        self._settle_attempts()
+        self._settle_failures(everything=True)
 
 
 def replay(paths: Iterable[Path]) -> Replay:
@@ -948,7 +1092,7 @@ def replay(paths: Iterable[Path]) -> Replay:
             checker._file = name
             for event in _read(path, name, result):
                 feed(event)
-        checker.finish()  # see _read for the parse (raw_decode: the hot path)
+        checker.finish()
     finally:
         if collecting:
             gc.enable()
@@ -969,81 +1113,86 @@ def format_ms(ms: float | None, digits: int = 1) -> str:
 
 
 def render_text(result: Replay) -> str:
-    """A plain-text postmortem for terminals and notes: outcome, warnings, runs and crash
-    boundaries, states with durations, every task attempt with its failures, the failures with
-    their classification and fate, the cascade roots, and the violations."""
-    out: list[str] = []
-    add = out.append
-    add(f"campaign {result.campaign_id}: {result.events} events, "
-        f"outcome {result.outcome or 'none (the log stops mid-run)'} (exit {result.exit_code}), "
-        f"{format_ms(result.duration_ms)}")
-    if result.objective:
-        add(f"objective: {result.objective}")
-    for note in result.warnings():
-        add(f"warning: {note}")
-    if len(result.runs) > 1:
-        add("runs:")
-        for run in result.runs:
-            end = run.outcome or "CRASHED"
-            add(f"  run {run.index} ({'resume' if run.resume else 'start'}) seq {run.start_seq}-"
-                f"{run.end_seq or run.last_seq}: {end}")
-    for prev, nxt in zip(result.runs, result.runs[1:]):
+    """`text_lines` as one string (for small logs and tests; the CLI streams the lines)."""
+    return "".join(text_lines(result))
+
+
+def text_lines(result: Replay) -> Iterator[str]:
+    """A plain-text postmortem for terminals and notes, one ``\n``-terminated line at a time:
+    outcome, warnings, runs and crash boundaries, states with durations, every task attempt
+    with its failures, the failures with their classification and fate, the cascade roots, and
+    the violations. Lines are made as the spooled records are read: memory stays flat."""
+    for line in _text_body(result):
+        yield line + "\n"
+
+
+def _text_body(r: Replay) -> Iterator[str]:
+    yield (f"campaign {r.campaign_id}: {r.events} events, "
+           f"outcome {r.outcome or 'none (the log stops mid-run)'} (exit {r.exit_code}), "
+           f"{format_ms(r.duration_ms)}")
+    if r.objective:
+        yield f"objective: {r.objective}"
+    for note in r.warnings():
+        yield f"warning: {note}"
+    if len(r.runs) > 1:
+        yield "runs:"
+        for run in r.runs:
+            yield (f"  run {run.index} ({'resume' if run.resume else 'start'}) seq {run.start_seq}-"
+                   f"{run.end_seq or run.last_seq}: {run.outcome or 'CRASHED'}")
+    for prev, nxt in zip(r.runs, r.runs[1:]):
         if prev.crashed:
             tasks = ", ".join(prev.interrupted_tasks) or "none"
-            add(f"crash boundary before seq {nxt.start_seq} (the run was resumed): last event "
-                f"seq {prev.last_seq} in {prev.interrupted_state or '-'}, tasks in flight: {tasks}")
-    add("states:")
-    for s in result.states:
+            yield (f"crash boundary before seq {nxt.start_seq} (the run was resumed): last event "
+                   f"seq {prev.last_seq} in {prev.interrupted_state or '-'}, tasks in flight: {tasks}")
+    yield "states:"
+    for s in r.states:
         extra = f" error_type={s.error_type}" if s.error_type else ""
         leave = f" -> {s.to} ({s.trigger})" if s.trigger else (" (cut by crash)" if s.interrupted else "")
-        add(f"  seq {s.seq!s:>5} {s.state:<9} {format_ms(s.duration_ms):>9}{leave}{extra}"
-            + (" [resumed]" if s.resumed else ""))
-    if result.attempts:
-        add("tasks:")
-        for a in result.attempts:
-            status = a.status or "interrupted"
-            line = (f"  {a.seq} attempt {a.attempt} on {a.worker}: {status} "
-                    f"({format_ms(a.duration_ms)})")
+        yield (f"  seq {s.seq!s:>5} {s.state:<9} {format_ms(s.duration_ms):>9}{leave}{extra}"
+               + (" [resumed]" if s.resumed else ""))
+    if r.attempts:
+        yield "tasks:"
+        for a in r.attempts:
+            line = f"  {a.seq} attempt {a.attempt} on {a.worker}: {a.status or 'interrupted'} " \
+                   f"({format_ms(a.duration_ms)})"
             if a.error_type:
                 line += f" {a.error_type}"
             if a.retries:
                 line += f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}"
             if a.failures:
                 line += f", failures at seq {', '.join(map(str, a.failures))}"
-            add(line)
-    if result.failures:
-        add("failures:")
-        for f in result.failures:
+            yield line
+    if r.failures:
+        yield "failures:"
+        for f in r.failures:
             where = f"task {f.task_seq} " if f.task_seq else ""
-            add(f"  seq {f.seq} {f.state} {where}{f.tool} attempt {f.attempt}: {f.error_type} "
-                f"[{f.klass or 'unclassified'}] -> {f.decision or '-'}"
-                + (f", {f.outcome}" if f.outcome else ""))
-    if result.retries:
-        add("retries:")
-        for r in result.retries:
-            add(f"  seq {r['seq']} {r['tool']} attempt {r['attempt']} after {r['wait_ms']} ms "
-                f"({r['error_type']})")
-    if result.recoveries:
-        add("recoveries:")
-        for r in result.recoveries:
-            task = f" task {r['task_seq']}" if r.get("task_seq") else ""
-            add(f"  seq {r['seq']} {r['strategy']}{task} success={r['success']}")
-    blocks = result.blocks()
-    if blocks:
-        add("cascade:")
-        for block in blocks:
-            cause = f"{block['error_type']}: {block['reason']}" if block["error_type"] else "blocked"
-            cause = cause.splitlines()[0] if cause else cause
-            add(f"  root {block['root']} ({cause})")
-            if block["blocked"]:
-                add(f"    blocks {', '.join(block['blocked'])}")
-    if result.violations:
-        add(f"violations ({len(result.violations)}):")
-        for v in result.violations:
-            add(f"  seq {v.seq}: [{v.rule}] {v.message}")
+            yield (f"  seq {f.seq} {f.state} {where}{f.tool} attempt {f.attempt}: {f.error_type} "
+                   f"[{f.klass or 'unclassified'}] -> {f.decision or '-'}"
+                   + (f", {f.outcome}" if f.outcome else ""))
+    if r.retries:
+        yield "retries:"
+        for retry in r.retries:
+            yield (f"  seq {retry['seq']} {retry['tool']} attempt {retry['attempt']} after "
+                   f"{retry['wait_ms']} ms ({retry['error_type']})")
+    if r.recoveries:
+        yield "recoveries:"
+        for rec in r.recoveries:
+            task = f" task {rec['task_seq']}" if rec.get("task_seq") else ""
+            yield f"  seq {rec['seq']} {rec['strategy']}{task} success={rec['success']}"
+    for index, block in enumerate(r.iter_blocks()):
+        if not index:
+            yield "cascade:"
+        cause = f"{block['error_type']}: {block['reason']}" if block["error_type"] else "blocked"
+        cause = cause.splitlines()[0] if cause else cause
+        yield f"  root {block['root']} ({cause})"
+        if block["blocked"]:
+            yield f"    blocks {', '.join(block['blocked'])}"
+    if r.violations:
+        yield f"violations ({len(r.violations)}):"
+        for v in r.violations:
+            yield f"  seq {v.seq}: [{v.rule}] {v.message}"
     else:
-        add("invariants: all hold")
-    return "\n".join(out) + "\n"
+        yield "invariants: all hold"
 
 
 # ---------------------------------------------------------------------------------- decision diff

@@ -138,7 +138,9 @@ def test_dag_layers_put_every_task_right_of_its_dependencies(graph: tuple[int, l
     for task in tasks:
         for dep in task.depends:
             assert layer[task.seq] > layer[dep]
-    result = Replay(tasks={t.seq: t for t in tasks})
+    result = Replay()
+    for task in tasks:
+        result.tasks.add(task.seq, task)
     page = render_html(result)
     svg = page[page.index('aria-label="task DAG"'):]
     assert all(svg.count(f">{seq} <tspan") == 1 for seq in seqs)

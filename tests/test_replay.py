@@ -667,6 +667,42 @@ def test_memory_does_not_grow_with_the_number_of_events(tmp_path: Path) -> None:
     assert _peak_bytes(large) < _peak_bytes(small) + 64 * 1024
 
 
+def test_memory_does_not_grow_with_the_number_of_task_attempts(tmp_path: Path, monkeypatch) -> None:
+    """The story itself (attempts, failures, retries, tasks) goes to the spool: eight times the
+    tasks cost no more memory to replay and render as text (the task cache is made small so the
+    bound shows at test sizes; the bench shows it at a million events with the defaults)."""
+    import sys
+
+    import ftl.spool
+    from ftl.replay import text_lines
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    from bench_replay import generate
+
+    monkeypatch.setattr(ftl.spool, "TASK_CACHE", 256)
+
+    def peak(events: int) -> tuple[int, int]:
+        path = tmp_path / f"{events}.jsonl"
+        generate(path, events, seed=3)
+        tracemalloc.start()
+        try:
+            with replay([path]) as result:
+                lines = sum(1 for _ in text_lines(result))
+                attempts = len(result.attempts)
+            assert lines > attempts
+            return tracemalloc.get_traced_memory()[1], attempts
+        finally:
+            tracemalloc.stop()
+
+    peak(4_000)  # warm-up: first uses allocate caches once (SQLite statements, decoders)
+    (small, small_attempts), (large, large_attempts) = peak(4_000), peak(32_000)
+    assert large_attempts > 7 * small_attempts
+    # Before the spool each attempt kept ~0.9 KB and each task ~0.3 KB: the larger log's 6,000
+    # more attempts were ~7 MB more. What remains are fixed-size buffers (a batch of cascade
+    # pairs, a merge heap, the task cache).
+    assert large < small + 1536 * 1024, (small, large)
+
+
 # --------------------------------------------------------------------------- decision diff
 
 def test_a_run_has_the_same_decisions_as_itself_whatever_the_timing(tmp_path: Path) -> None:
@@ -822,3 +858,55 @@ def test_diagram_plan_rejects_an_invalid_plan(tmp_path: Path) -> None:
                                                             "depends": "009"}]}))
     out = CliRunner().invoke(ftl_main, ["diagram", "plan", str(bad)])
     assert out.exit_code == 2 and "009" in out.output and "Traceback" not in out.output
+
+
+def test_cli_escapes_text_the_output_cannot_encode(tmp_path: Path) -> None:
+    """A log may hold a lone surrogate (valid JSON): the postmortem shows it escaped instead
+    of failing half-way through the output."""
+    records = _lines("drill.jsonl")
+    for r in records:
+        if r.get("task_seq") == "001":
+            r["task_seq"] = "\ud800"
+    log = _write(tmp_path / "surrogate.jsonl", records)
+    result = _cli(str(log))
+    assert result.exit_code == 0, result.output
+    assert "  \\ud800 attempt 1 on w1: complete" in result.output  # the rest of the report follows
+    assert "task \\ud800 run_verify attempt 1: flaky_test" in result.output
+    out = tmp_path / "pm.txt"
+    assert _cli(str(log), "-o", str(out)).exit_code == 0
+    assert "\\ud800 attempt 1" in out.read_text(encoding="utf-8")
+
+
+def test_cli_stops_quietly_when_the_reader_goes_away(tmp_path: Path) -> None:
+    """``ftl replay LOG | head`` ends with exit 0 and nothing on stderr when head closes the
+    pipe (a real process: the pipe and its EPIPE are the operating system's)."""
+    import subprocess
+    import sys
+
+    records = _lines("drill.jsonl")
+    big = _write(tmp_path / "big.jsonl", records[:1] + [
+        {**records[1], "seq": i + 2, "event": ev.LOG_REPAIRED, "truncated_bytes": 1} for i in range(30_000)])
+    proc = subprocess.Popen([sys.executable, "-m", "ftl", "replay", str(big)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().startswith(b"campaign ")
+    proc.stdout.close()  # the reader leaves while ~30,000 warning lines are still to come
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and stderr == ""
+
+
+def test_cli_says_what_to_do_when_the_spool_cannot_be_written(monkeypatch) -> None:
+    """A long log spills its records to a temporary database; a full or unwritable $TMPDIR is a
+    clear error (exit 2, what to set), not a traceback."""
+    import sqlite3
+
+    import ftl.spool
+
+    def unwritable(self, sql, rows):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(ftl.spool.Spool, "write", unwritable)
+    result = _cli(str(DRILL), "--json")
+    assert result.exit_code == 2
+    payload = json.loads(result.output)
+    assert payload["success"] is False and "TMPDIR" in payload["error"]
+    assert "Traceback" not in result.output and "disk is full" not in result.output
