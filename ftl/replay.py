@@ -282,7 +282,7 @@ class Replay:
         order; ``error_type``/``reason`` are set for a root that failed itself. Streams from the
         task table, one root at a time."""
         for root, blocked in self.tasks.cascade():
-            info = self.tasks.get(root)
+            info = self.tasks.peek(root)
             failed = info is not None and info.status == "blocked" and not info.blocked_by
             yield {"root": root, "slug": info.slug if info is not None else None,
                    "error_type": info.error_type if failed else None,

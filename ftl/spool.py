@@ -218,6 +218,16 @@ class TaskTable(Generic[T]):
                 record = self.cache[seq] = self._decode(_loads(row[0]))
         return default if record is None else record
 
+    def peek(self, seq: str) -> T | None:
+        """`get` for readers: a record not in the cache is decoded without entering it, so
+        reading every task (a report) does not grow the cache. Do not change what it returns."""
+        record = self.cache.get(seq)
+        if record is None and self._maybe_written(seq):
+            row = self._spool.db.execute(self._select, (task_sort_key(seq), _text(seq))).fetchone()
+            if row is not None:
+                record = self._decode(_loads(row[0]))
+        return record
+
     def add(self, seq: str, record: T) -> T:
         """Insert a new task's record (the caller checked with `get` that it is new)."""
         self.cache[seq] = record

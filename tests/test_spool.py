@@ -382,6 +382,11 @@ def test_replay_cache_bound_under_eviction(generated: Path, monkeypatch: pytest.
         assert peak[0] <= capacity + 1 + max_deps + (jobs - 1)
         assert len(result.tasks) > 1000  # most tasks live in the spool, not the cache
         assert sum(1 for _ in result.tasks.values()) == len(result.tasks)
+        # Rendering reads tasks without caching them: the text report leaves the cache as is.
+        cached = len(result.tasks.cache)
+        blocks = list(result.iter_blocks())
+        assert len(blocks) > capacity and sum(1 for _ in replay_module.text_lines(result)) > 1000
+        assert len(result.tasks.cache) == cached
 
 
 @pytest.mark.parametrize("name", ["drill", "generated"])
