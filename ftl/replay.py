@@ -41,6 +41,7 @@ from __future__ import annotations
 import gc
 import json
 import sys
+from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from operator import attrgetter
@@ -1324,37 +1325,78 @@ def diff_decisions(a_paths: Iterable[Path], b_paths: Iterable[Path], *, context:
 
     Decisions are compared in order within a lane (the run lane: states, transitions,
     campaign-level tools and cascade; one lane per task and per explorer mode), ignoring
-    timestamps, durations, worker names and op ids. Memory holds the compact decision tuples
-    of both runs, not their events.
+    timestamps, durations, worker names and op ids. Both runs' decisions go to a temporary
+    on-disk table (`ftl.spool.Spool`) indexed by lane; the two lane-ordered streams are then
+    walked side by side, so memory holds ``context`` decisions, not the runs.
 
     Returns:
-        `DecisionDiff` with the first difference of every lane that differs (empty: same).
+        `DecisionDiff` with the first difference of every lane that differs (empty: same),
+        lanes in order with the run lane first.
+
+    Raises:
+        OSError: a log cannot be read. sqlite3.Error: the temporary directory is unwritable.
     """
-    lanes_a: dict[str, list[Decision]] = {}
-    lanes_b: dict[str, list[Decision]] = {}
-    count_a = count_b = 0
-    collecting = gc.isenabled()
-    gc.disable()  # as in `replay`: many long-lived tuples, no cycles
+    spool = Spool()
     try:
-        for d in decisions(a_paths):
-            lanes_a.setdefault(d.lane, []).append(d)
-            count_a += 1
-        for d in decisions(b_paths):
-            lanes_b.setdefault(d.lane, []).append(d)
-            count_b += 1
+        db = spool.db
+        counts = []
+        for side, paths in enumerate((a_paths, b_paths)):
+            table = spool.table(f"side{side}")
+            # lane_order puts the run lane first; lane as UTF-8 bytes sorts like the str.
+            db.execute(f"CREATE TABLE {table} (lane_order INTEGER, lane BLOB, pos INTEGER, seq INTEGER, "
+                       "decision TEXT)")
+            insert = f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?)"
+            rows: list[tuple[Any, ...]] = []
+            count = 0
+            for d in decisions(paths):
+                rows.append((0 if d.lane == "run" else 1, d.lane.encode("utf-8", "surrogatepass"), count,
+                             d.seq, json.dumps([d.event, d.fields])))
+                count += 1
+                if len(rows) >= 4096:
+                    spool.write(insert, rows)
+                    rows = []
+            if rows:
+                spool.write(insert, rows)
+            db.execute(f"CREATE INDEX {table}_lanes ON {table} (lane_order, lane, pos)")
+            counts.append(count)
+        lanes = list(_first_differences(
+            *(db.execute(f"SELECT lane_order, lane, seq, decision FROM side{side} "
+                         "ORDER BY lane_order, lane, pos") for side in (0, 1)), context=context))
     finally:
-        if collecting:
-            gc.enable()
-    diffs: list[LaneDiff] = []
-    for lane in sorted(set(lanes_a) | set(lanes_b), key=lambda name: (name != "run", name)):
-        xs, ys = lanes_a.get(lane, []), lanes_b.get(lane, [])
-        for index in range(max(len(xs), len(ys))):
-            x = xs[index] if index < len(xs) else None
-            y = ys[index] if index < len(ys) else None
-            if x is None or y is None or x.key() != y.key():
-                diffs.append(LaneDiff(lane, index, x, y, xs[max(0, index - context):index]))
-                break
-    return DecisionDiff(count_a, count_b, diffs)
+        spool.close()
+    return DecisionDiff(counts[0], counts[1], lanes)
+
+
+def _first_differences(a_rows: Iterator[tuple[Any, ...]], b_rows: Iterator[tuple[Any, ...]], *,
+                       context: int) -> Iterator[LaneDiff]:
+    """Walk two streams of ``(lane_order, lane, seq, decision)`` rows sorted by lane (then by
+    position in the run) side by side; yield each lane's first difference."""
+    def decode(row: tuple[Any, ...] | None, lane: str) -> Decision | None:
+        if row is None:
+            return None
+        event, fields = json.loads(row[3])
+        return Decision(lane, event, tuple((k, v) for k, v in fields), row[2])
+
+    x, y = next(a_rows, None), next(b_rows, None)
+    while x is not None or y is not None:
+        key = min(row[:2] for row in (x, y) if row is not None)
+        lane = key[1].decode("utf-8", "surrogatepass")
+        index, recent, found = 0, deque(maxlen=context), False
+        while (x is not None and x[:2] == key) or (y is not None and y[:2] == key):
+            mine = x if x is not None and x[:2] == key else None
+            theirs = y if y is not None and y[:2] == key else None
+            if not found:
+                if mine is None or theirs is None or mine[3] != theirs[3]:
+                    yield LaneDiff(lane, index, decode(mine, lane), decode(theirs, lane),
+                                   [decode(row, lane) for row in recent])
+                    found = True
+                else:
+                    recent.append(mine)  # decoded only if a difference follows
+            if mine is not None:
+                x = next(a_rows, None)
+            if theirs is not None:
+                y = next(b_rows, None)
+            index += 1
 
 
 def render_diff_text(diff: DecisionDiff, a_name: str = "A", b_name: str = "B") -> str:
