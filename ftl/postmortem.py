@@ -19,6 +19,7 @@ escaped: a log is data, never markup.
 from __future__ import annotations
 
 import math
+from itertools import islice
 from datetime import datetime
 from html import escape
 from typing import Any, Iterable, Sequence
@@ -568,8 +569,61 @@ def _legend() -> str:
     return f'<div class="legend">{states}</div><div class="legend">{outcomes}{marks}</div>'
 
 
+class _DrawnTasks(dict):  # type: ignore[type-arg]
+    """The first ``limit`` tasks, in order (what the DAG draws); a look-up of any other task
+    (a blocked dependent in the cascade, an attempt's slug) reads the run's task table."""
+
+    def __init__(self, result: Replay, limit: int) -> None:
+        super().__init__((t.seq, t) for t in islice(result.tasks.values(), limit))
+        self._table = result.tasks
+
+    def __missing__(self, seq: str) -> TaskInfo:
+        info = self._table.peek(seq)
+        if info is None:
+            raise KeyError(seq)
+        return info
+
+    def __contains__(self, seq: object) -> bool:
+        return dict.__contains__(self, seq) or (isinstance(seq, str) and self._table.peek(seq) is not None)
+
+    def get(self, seq: str, default: Any = None) -> Any:  # type: ignore[override]
+        return self[seq] if seq in self else default
+
+
+class _Drawn:
+    """What the report draws of a run: the first ``limit`` of each list (states, attempts,
+    tasks, failures, retries, recoveries, cascade roots), read from the spool; every other
+    attribute is the run's. A run of a million events would otherwise make a page of hundreds
+    of MB that no browser opens; the cards keep the run's real totals."""
+
+    def __init__(self, result: Replay, limit: int) -> None:
+        self._result = result
+        self.limit = limit
+        self.states = list(islice(result.states, limit))
+        self.attempts = list(islice(result.attempts, limit))
+        self.failures = list(islice(result.failures, limit))
+        self.retries = list(islice(result.retries, limit))
+        self.recoveries = list(islice(result.recoveries, limit))
+        self.tasks = _DrawnTasks(result, limit)
+        self._blocks = list(islice(result.iter_blocks(), limit))
+        self.cut = {name: total for name, total in (
+            ("states", len(result.states)), ("task attempts", len(result.attempts)),
+            ("tasks", len(result.tasks)), ("failures", len(result.failures)),
+            ("retries", len(result.retries)), ("recoveries", len(result.recoveries)))
+            if total > limit}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+    def ordered_tasks(self) -> list[TaskInfo]:
+        return list(self.tasks.values())
+
+    def blocks(self) -> list[dict[str, Any]]:
+        return self._blocks
+
+
 def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Sequence[str] = (),
-                title: str | None = None) -> str:
+                title: str | None = None, limit: int = 2000) -> str:
     """The postmortem as one HTML document (UTF-8 text; no external resource, no script).
 
     Args:
@@ -577,6 +631,8 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
         diff: a decision diff against another run (`ftl.replay.diff_decisions`), shown when given.
         against: the other run's file names, for the diff's labels.
         title: page title (default ``ftl postmortem <campaign_id>``).
+        limit: at most this many of each list are drawn (the cards count them all, and a note
+            says what was left out: the text and JSON postmortems list everything).
     """
     title = title or f"ftl postmortem {result.campaign_id or ''}".strip()
     outcome = result.outcome or "unfinished"
@@ -611,6 +667,12 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
                     if summary.get("message") else "")
     diff_html = f"<h2>Decision diff</h2>{_diff_html(diff, against)}" if diff is not None else ""
     files = ", ".join(result.files)
+    drawn = _Drawn(result, limit)
+    if drawn.cut:
+        cut = ", ".join(f"{name} ({total:,})" for name, total in drawn.cut.items())
+        warn_html += (f'<div class="box warn"><b>A large run</b>: the report draws the first '
+                      f"{limit:,} of {_e(cut)}. <code>ftl replay LOG</code> (text) and "
+                      "<code>--format json</code> list everything.</div>")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
@@ -621,12 +683,12 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
         f'<p class="sub">Log: <code>{_e(files)}</code> \u00b7 flow {_e(result.flow)} \u00b7 '
         f"{_e(result.first_ts)} \u2192 {_e(result.last_ts)}</p>"
         f'<div class="cards">{card_html}</div>{summary_html}{check_html}{warn_html}'
-        f"<h2>Timeline</h2>{_legend()}<div class=\"scroll\">{_timeline_svg(result)}</div>"
-        f'<h2>Task DAG (final status)</h2><div class="scroll">{_dag_svg(result)}</div>'
-        f"<h2>Cascade</h2>{_cascade_html(result)}"
-        f"<h2>Failures</h2>{_failures_table(result)}"
-        f"<h2>Task attempts</h2>{_attempts_table(result)}"
-        f"<h2>States</h2>{_states_table(result)}"
+        f"<h2>Timeline</h2>{_legend()}<div class=\"scroll\">{_timeline_svg(drawn)}</div>"
+        f'<h2>Task DAG (final status)</h2><div class="scroll">{_dag_svg(drawn)}</div>'
+        f"<h2>Cascade</h2>{_cascade_html(drawn)}"
+        f"<h2>Failures</h2>{_failures_table(drawn)}"
+        f"<h2>Task attempts</h2>{_attempts_table(drawn)}"
+        f"<h2>States</h2>{_states_table(drawn)}"
         f"<h2>Runs</h2>{_runs_table(result)}"
         f"{diff_html}"
         "</main></body></html>\n"

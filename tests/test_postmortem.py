@@ -147,6 +147,30 @@ def test_dag_layers_put_every_task_right_of_its_dependencies(graph: tuple[int, l
     assert svg.count("marker-end=") == sum(len(t.depends) for t in tasks)
 
 
+def test_a_large_run_draws_the_first_items_and_says_so(tmp_path: Path) -> None:
+    """A run too large for a page draws the first ``limit`` of each list, counts everything in
+    the cards, names what was left out, and still finds every blocked dependent's task."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
+    from bench_replay import generate
+
+    log = tmp_path / "big.jsonl"
+    generate(log, 12_000, seed=5)
+    with replay([log]) as result:
+        attempts, tasks, failures = len(result.attempts), len(result.tasks), len(result.failures)
+        blocked_roots = len(result.blocks())
+        page = render_html(result, limit=40)
+        full = render_html(result, limit=100_000)
+    assert attempts > 1000 and failures > 200 and blocked_roots > 40
+    assert "A large run" in page and f"task attempts ({attempts:,})" in page and "A large run" not in full
+    assert f"<b>{failures}</b><span>failures</span>" in page  # the cards count every failure
+    assert page.count("<tspan font-weight=\"400\">") == 40 < tasks  # the DAG: 40 task nodes
+    assert page.count(">dependency_missing (seq ") <= 40
+    assert page.count("root cause <code>") == 40
+    assert len(page) * 10 < len(full)
+
+
 # --------------------------------------------------------------------------- headless Chromium
 
 _PROBE_HEAD = """<script>
