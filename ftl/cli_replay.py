@@ -58,9 +58,14 @@ def _stream(write: Callable[[TextIO], object], output: Path | None) -> None:
             handle.flush()
         except BrokenPipeError:
             # Point stdout at /dev/null so the interpreter's last flush does not fail again.
-            os.dup2(os.open(os.devnull, os.O_WRONLY), stdout.fileno())
-        else:
-            handle.detach()  # leave stdout's buffer open for whoever writes next
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stdout.fileno())
+            os.close(devnull)
+        finally:
+            try:
+                handle.detach()  # never let the wrapper close stdout's buffer
+            except ValueError:
+                pass
         return
     try:
         output.parent.mkdir(parents=True, exist_ok=True)

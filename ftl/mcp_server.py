@@ -39,6 +39,7 @@ import contextvars
 import json
 import logging
 import re
+import sqlite3
 import sys
 import threading
 from dataclasses import dataclass
@@ -331,12 +332,17 @@ def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> O
         path = log_path(repo, args.path)  # a campaign id
     if not path.is_file():
         raise FtlError("not_found", {"what": f"event log {Path(args.path).name}"})
-    result = replay([path])
-    data = result.to_json()
-    if args.check:
-        data["check"] = {"passed": not result.violations, "violations": len(result.violations)}
+    try:
+        with replay([path]) as result:  # closing deletes the spool's temporary database now
+            data = result.to_json()
+            if args.check:
+                data["check"] = {"passed": not result.violations, "violations": len(result.violations)}
+            torn = result.torn_tail
+    except sqlite3.Error:
+        raise FtlError("not_found", {"what": "a writable temporary directory with free space for "
+                                             "the replay's records (set TMPDIR to one)"}) from None
     warnings = [envelope.Warning("LOG_TAIL_REPAIRED", "the last line was torn and skipped")] \
-        if result.torn_tail else []
+        if torn else []
     return Outcome(envelope.success(data, warnings=warnings, request_id=cid))
 
 

@@ -609,7 +609,8 @@ class _Drawn:
         self.cut = {name: total for name, total in (
             ("states", len(result.states)), ("task attempts", len(result.attempts)),
             ("tasks", len(result.tasks)), ("failures", len(result.failures)),
-            ("retries", len(result.retries)), ("recoveries", len(result.recoveries)))
+            ("retries", len(result.retries)), ("recoveries", len(result.recoveries)),
+            ("cascade roots", sum(1 for _ in result.tasks.cascade())))
             if total > limit}
 
     def __getattr__(self, name: str) -> Any:

@@ -40,10 +40,12 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 import sys
 from collections import deque
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
+from itertools import islice
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -75,6 +77,8 @@ _ROUTE_TARGETS = {Route.PLAN.value: "PLAN", Route.CASCADE.value: "CASCADE",
                   Route.OBSERVE.value: "OBSERVE"}
 _ENDED_TASK = frozenset({"complete", "blocked", "cancelled", "pending"})
 _MESSAGE_LIMIT = 300  # characters of a failure message kept (the log keeps the whole text)
+_WARNINGS_LISTED = 20  # items of one kind named in the warnings
+_MAX_DEPTH = 500  # nesting a line may have: deeper is refused, as the encoders would fail on it
 _NO_ROOTS: list[str] = []  # shared by every unblocked task; never mutated
 _intern = sys.intern  # worker, status and error_type repeat on every attempt: keep one copy
 
@@ -223,7 +227,6 @@ class Replay:
         self.first_ts: str | None = None
         self.last_ts: str | None = None
         self.runs: list[RunSegment] = []
-        self.repaired: list[dict[str, Any]] = []
         self.outcome: str | None = None
         self.exit_code: int | None = None
         self.summary: dict[str, Any] | None = None
@@ -238,6 +241,7 @@ class Replay:
         self.recoveries: Records[dict[str, Any]] = Records(spool, "recoveries")
         self.cascade: Records[dict[str, Any]] = Records(spool, "cascade")
         self.invalid_lines: Records[dict[str, Any]] = Records(spool, "invalid_lines")
+        self.repaired: Records[dict[str, Any]] = Records(spool, "repaired")
         encode, decode = _codec(TaskInfo)
         self.tasks: TaskTable[TaskInfo] = TaskTable(
             spool, "tasks", encode, decode,
@@ -293,12 +297,21 @@ class Replay:
         """Findings about the log itself (not protocol violations)."""
         notes = [f"{name}: the last line was torn (a crash mid-write); it was skipped"
                  for name in self.torn_tails]
+        # Each list is named up to _WARNINGS_LISTED times (the JSON lists every item): a log of
+        # garbage must not make a note per line.
         notes += [f"{item['file']}: line {item['line']} is not a JSON object; it was skipped"
-                  for item in self.invalid_lines]
+                  for item in islice(self.invalid_lines, _WARNINGS_LISTED)]
+        if len(self.invalid_lines) > _WARNINGS_LISTED:
+            notes.append(f"{len(self.invalid_lines) - _WARNINGS_LISTED:,} more lines are not JSON "
+                         "objects and were skipped (invalid_lines in --format json lists them)")
         notes += [f"seq {item['seq']}: the writer cut a torn tail of {item['truncated_bytes']} bytes "
-                  "before appending" for item in self.repaired]
+                  "before appending" for item in islice(self.repaired, _WARNINGS_LISTED)]
+        if len(self.repaired) > _WARNINGS_LISTED:
+            notes.append(f"{len(self.repaired) - _WARNINGS_LISTED:,} more torn tails were cut "
+                         "(repaired in --format json lists them)")
         if self.other_campaigns:
-            notes.append(f"events of other campaigns were read: {', '.join(self.other_campaigns)}")
+            more = " and more" if len(self.other_campaigns) >= _WARNINGS_LISTED else ""
+            notes.append(f"events of other campaigns were read: {', '.join(self.other_campaigns)}{more}")
         if self.runs and self.runs[-1].outcome == "cancelled":
             notes.append("the last run was cancelled (Ctrl-C); `ftl campaign resume` continues it")
         if self.runs and self.runs[-1].outcome == "stopped":
@@ -339,7 +352,7 @@ class Replay:
             "cascade": many(self.cascade, same, len(self.cascade)),
             "blocks": JsonArray(self.iter_blocks, sum(1 for _ in self.tasks.cascade()))
                       if lazy else self.blocks(),
-            "repaired": self.repaired,
+            "repaired": many(self.repaired, same, len(self.repaired)),
             "torn_tail": self.torn_tail, "torn_tails": self.torn_tails,
             "invalid_lines": many(self.invalid_lines, same, len(self.invalid_lines)),
             "warnings": self.warnings(),
@@ -445,20 +458,44 @@ _ParseError = orjson.JSONDecodeError
 
 
 def _fallback(line: bytes) -> Any:
-    """What `json.loads` makes of a line orjson refuses: NaN, integers past 64 bits, lone
-    surrogates and bytes that are not UTF-8 (they become U+FFFD) are read as before; a line
-    that is not JSON at all gives None."""
+    """What the standard parser makes of a line orjson refuses (NaN, integers past 64 bits, lone
+    surrogates, bytes that are not UTF-8 (read as U+FFFD), trailing Unicode whitespace); None
+    when it is not JSON at all."""
+    text = line.decode("utf-8", errors="replace")
     try:
-        return json.loads(line.decode("utf-8", errors="replace"))
+        event, end = _raw_decode(text)
+        if text[end:].strip():
+            return None  # trailing garbage: two records glued together
+        return event
     except (ValueError, RecursionError):
-        return None
+        try:
+            return json.loads(text)  # leading whitespace
+        except (ValueError, RecursionError):
+            return None
+
+
+_raw_decode = json.JSONDecoder().raw_decode
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+
+
+def _too_deep(line: bytes) -> bool:
+    """Whether ``line`` nests arrays and objects deeper than `_MAX_DEPTH` (brackets inside
+    strings do not count). Called only for lines with that many brackets: rare."""
+    depth = deepest = 0
+    for char in _STRING.sub(b"", line):
+        if char in (0x5B, 0x7B):  # [ {
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in (0x5D, 0x7D):
+            depth -= 1
+    return deepest > _MAX_DEPTH
 
 
 def _read(path: Path, name: str, result: Replay | None) -> Iterator[dict[str, Any]]:
     # Binary lines split on b"\n" only (JSON escapes every other control character). orjson is
     # the hot path of a multi-GB replay (about 3x json.loads); whatever it refuses goes through
     # json.loads. One difference remains: an integer past 64 bits reads as a float.
-    loads, error = _loads, _ParseError
+    loads, error, deep = _loads, _ParseError, 2 * _MAX_DEPTH
     with open(path, "rb") as handle:
         number = 0
         for line in handle:
@@ -467,10 +504,12 @@ def _read(path: Path, name: str, result: Replay | None) -> Iterator[dict[str, An
                 event = loads(line)
             except error:
                 event = _fallback(line)
+            if len(line) > deep and line.count(b"[") + line.count(b"{") > _MAX_DEPTH and _too_deep(line):
+                event = None  # orjson takes 1,023 levels; the encoders that write reports fail first
             if type(event) is dict:
                 yield event
                 continue
-            if not line.strip():
+            if not line.decode("utf-8", errors="replace").strip():
                 continue
             if result is not None:
                 if line.endswith(b"\n"):
@@ -516,6 +555,7 @@ class _Checker:
         # once nothing can change it any more (`_settle_failures`).
         self.open_failures: dict[int, Failure] = {}
         self.state_failures: dict[int, Failure] = {}  # open failures logged in the current state
+        self.task_open: dict[str, list[int]] = {}  # keys of each task's open failures
         self.state_failure_count = 0
         self.ops: dict[str, _Op] = {}
         self.running: dict[str, TaskAttempt] = {}
@@ -600,8 +640,10 @@ class _Checker:
         r = self.r
         if self.campaign_id is None and r.campaign_id is None:
             self.campaign_id = r.campaign_id = _s(campaign)
-        elif campaign not in r.other_campaigns:
-            r.other_campaigns.append(_s(campaign))
+        else:
+            name = "(none)" if campaign is None else str(campaign)
+            if name not in r.other_campaigns and len(r.other_campaigns) < _WARNINGS_LISTED:
+                r.other_campaigns.append(name)
 
     def _close_segment(self) -> None:
         if self.segment is not None:
@@ -757,6 +799,8 @@ class _Checker:
                           _i(e.get("attempt")), _t(e.get("error_type")), message, self.run_index)
         key = self.r.failures.reserve()
         self.open_failures[key] = failure
+        if task is not None:
+            self.task_open.setdefault(task, []).append(key)
         if seq is not None:
             self.unclassified[seq] = failure
         self.state_failures[key] = failure
@@ -973,8 +1017,7 @@ class _Checker:
             for op in [op for op, state in self.ops.items() if state.task_seq == task]:
                 del self.ops[op]
         self.r.attempts.add(attempt, self.attempt_keys.pop(task))
-        if attempt.failures is not None:
-            self._settle_failures(task)
+        self._settle_failures(task)
 
     # --- cascade ---
     def on_cascade_status(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -1026,21 +1069,50 @@ class _Checker:
 
     def _settle_failures(self, task: str | None = None, *, everything: bool = False) -> None:
         """Write out the open failures (of ``task`` only, when given) that no later event can
-        change: classified, and held by no operation or task of the recovery protocol. At a
-        task's end only those with an outcome go (an ERROR may still claim the others);
-        ``everything`` at a run's end or crash."""
-        held: set[int] = set()
-        if not everything:
-            held = {id(f) for f in self.task_failures.values()}
-            held.update(id(op.failure) for op in self.ops.values() if op.failure is not None)
-            held.update(id(f) for f in self.unclassified.values())
-        add = self.r.failures.add
-        for key, failure in list(self.open_failures.items()):
-            if everything or not (id(failure) in held or (task is not None and (
-                    failure.task_seq != task or failure.outcome is None))):
-                add(failure, key)
-                del self.open_failures[key]
-                self.state_failures.pop(key, None)
+        change: classified, and held by no operation, task or classification of the recovery
+        protocol. At a task's end only those with an outcome go (an ERROR of the state may still
+        claim the others); ``everything`` at a run's end or crash."""
+        if task is not None:
+            keys = self.task_open.pop(task, None)
+            if not keys:
+                return
+        else:
+            keys = list(self.open_failures)
+        add, open_failures = self.r.failures.add, self.open_failures
+        kept: list[int] = []
+        for key in keys:
+            failure = open_failures.get(key)
+            if failure is None:
+                continue
+            if not everything and (self._held(failure) or (task is not None and failure.outcome is None)):
+                kept.append(key)
+                continue
+            add(failure, key)
+            del open_failures[key]
+            self.state_failures.pop(key, None)
+            if task is None and failure.task_seq is not None:
+                self._unindex(failure.task_seq, key)
+        if task is not None and kept:
+            self.task_open[task] = kept
+
+    def _held(self, failure: Failure) -> bool:
+        """Whether the recovery protocol can still change ``failure`` (O(1) look-ups)."""
+        if failure.task_seq is not None and self.task_failures.get(failure.task_seq) is failure:
+            return True
+        op = self.ops.get(failure.op_id) if failure.op_id else None
+        if op is not None and op.failure is failure:
+            return True
+        return failure.seq is not None and self.unclassified.get(failure.seq) is failure
+
+    def _unindex(self, task: str, key: int) -> None:
+        keys = self.task_open.get(task)
+        if keys is not None:
+            try:
+                keys.remove(key)
+            except ValueError:
+                return
+            if not keys:
+                del self.task_open[task]
 
     def finish(self) -> None:
         r = self.r
@@ -1095,6 +1167,7 @@ def replay(paths: Iterable[Path]) -> Replay:
                 feed(event)
         checker.finish()
     finally:
+        checker.handlers.clear()  # bound methods: a cycle that would keep the spool open until a GC
         if collecting:
             gc.enable()
     return result
@@ -1343,14 +1416,15 @@ def diff_decisions(a_paths: Iterable[Path], b_paths: Iterable[Path], *, context:
         for side, paths in enumerate((a_paths, b_paths)):
             table = spool.table(f"side{side}")
             # lane_order puts the run lane first; lane as UTF-8 bytes sorts like the str.
-            db.execute(f"CREATE TABLE {table} (lane_order INTEGER, lane BLOB, pos INTEGER, seq INTEGER, "
+            # seq as JSON text: a log's seq may be any number, SQLite integers stop at 2**63.
+            db.execute(f"CREATE TABLE {table} (lane_order INTEGER, lane BLOB, pos INTEGER, seq TEXT, "
                        "decision TEXT)")
             insert = f"INSERT INTO {table} VALUES (?, ?, ?, ?, ?)"
             rows: list[tuple[Any, ...]] = []
             count = 0
             for d in decisions(paths):
                 rows.append((0 if d.lane == "run" else 1, d.lane.encode("utf-8", "surrogatepass"), count,
-                             d.seq, json.dumps([d.event, d.fields])))
+                             json.dumps(d.seq), json.dumps([d.event, d.fields])))
                 count += 1
                 if len(rows) >= 4096:
                     spool.write(insert, rows)
@@ -1375,7 +1449,7 @@ def _first_differences(a_rows: Iterator[tuple[Any, ...]], b_rows: Iterator[tuple
         if row is None:
             return None
         event, fields = json.loads(row[3])
-        return Decision(lane, event, tuple((k, v) for k, v in fields), row[2])
+        return Decision(lane, event, tuple((k, v) for k, v in fields), json.loads(row[2]))
 
     x, y = next(a_rows, None), next(b_rows, None)
     while x is not None or y is not None:

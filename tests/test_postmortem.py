@@ -164,6 +164,7 @@ def test_a_large_run_draws_the_first_items_and_says_so(tmp_path: Path) -> None:
         full = render_html(result, limit=100_000)
     assert attempts > 1000 and failures > 200 and blocked_roots > 40
     assert "A large run" in page and f"task attempts ({attempts:,})" in page and "A large run" not in full
+    assert f"cascade roots ({blocked_roots:,})" in page
     assert f"<b>{failures}</b><span>failures</span>" in page  # the cards count every failure
     assert page.count("<tspan font-weight=\"400\">") == 40 < tasks  # the DAG: 40 task nodes
     assert page.count(">dependency_missing (seq ") <= 40

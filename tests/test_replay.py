@@ -992,3 +992,91 @@ def test_cli_says_what_to_do_when_the_spool_cannot_be_written(monkeypatch) -> No
     payload = json.loads(result.output)
     assert payload["success"] is False and "TMPDIR" in payload["error"]
     assert "Traceback" not in result.output and "disk is full" not in result.output
+
+
+# --------------------------------------------------------------------------- hostile logs (review)
+
+def _blocked_tasks_log(path: Path, count: int) -> Path:
+    """One EXECUTE stay in which ``count`` tasks each fail once, are classified structural
+    (no retry, no recovery event: the failure keeps no outcome) and end blocked."""
+    log = _Log()
+    log.enter("INIT")
+    log.move("explore", "EXPLORE")
+    log.move("plan", "PLAN")
+    log.move("register", "REGISTER")
+    log.move("execute", "EXECUTE")
+    for i in range(count):
+        task = f"{i:05d}"
+        log.add(ev.TASK_START, task_seq=task, worker="w1", attempt=1)
+        failure = log.add(ev.TOOL_FAILURE, task_seq=task, op_id=f"op{i}", tool="shell_builder",
+                          attempt=1, error_type="merge_conflict", message="m")
+        log.add(ev.FAILURE_CLASSIFIED, task_seq=task, op_id=f"op{i}", failure_seq=failure["seq"],
+                error_type="merge_conflict", klass="structural", decision="structural")
+        log.add(ev.TASK_END, task_seq=task, status="blocked", error_type="merge_conflict")
+    return _write(path, log.records)
+
+
+def test_settling_failures_is_linear_in_the_tasks(tmp_path: Path, monkeypatch) -> None:
+    """A task's end looks at that task's open failures only: failures that keep no outcome (a
+    structural block without a recovery event) must not be rescanned at every later task end."""
+    from ftl import replay as replay_module
+
+    looked = [0]
+    held = replay_module._Checker._held
+
+    def counting(self, failure):
+        looked[0] += 1
+        return held(self, failure)
+
+    monkeypatch.setattr(replay_module._Checker, "_held", counting)
+    for count in (200, 800):
+        looked[0] = 0
+        with replay([_blocked_tasks_log(tmp_path / f"{count}.jsonl", count)]) as result:
+            assert len(result.failures) == count and all(f.klass == "structural" for f in result.failures)
+        assert looked[0] <= 3 * count, (count, looked[0])  # a rescan would be count**2 / 2
+
+
+def test_a_seq_past_64_bits_is_diffed(tmp_path: Path) -> None:
+    records = _lines("clean.jsonl")[:4]
+    big = [{**r, "seq": 2**63 + i} for i, r in enumerate(records)]
+    diff = diff_decisions([_write(tmp_path / "a.jsonl", big)], [_write(tmp_path / "b.jsonl", big[:2])])
+    assert not diff.same and diff.first().a.seq == 2**63 + 2
+
+
+def test_a_line_nested_too_deep_for_the_encoders_is_skipped(tmp_path: Path) -> None:
+    """orjson reads 1,023 levels; the JSON writers fail near 1,000: such a line is reported
+    like any unreadable line instead of breaking the JSON postmortem half-way."""
+    records = _lines("clean.jsonl")
+    nested: object = "bottom"
+    for _ in range(900):
+        nested = [nested]
+    deep = {**records[-1], "summary": {"message": "m", "nested": nested}}
+    log = _write(tmp_path / "deep.jsonl", records[:-1] + [deep])
+    result = _cli(str(log), "--format", "json")
+    data = json.loads(result.output)["data"]  # valid JSON from start to end
+    assert data["invalid_lines"] == [{"file": "deep.jsonl", "line": len(records)}]
+    shallow = {**records[-1], "summary": {"message": "m", "nested": [[["ok"]]]}}
+    assert replay([_write(tmp_path / "ok.jsonl", records[:-1] + [shallow])]).invalid_lines == []
+
+
+def test_unicode_whitespace_around_a_record_is_tolerated(tmp_path: Path) -> None:
+    records = _lines("clean.jsonl")
+    body = "".join(json.dumps(r) + ("\u00a0" if i == 3 else "") + "\n" for i, r in enumerate(records))
+    path = tmp_path / "ws.jsonl"
+    path.write_text(body + "\u3000\n", encoding="utf-8")
+    result = replay([path])
+    assert result.events == len(records) and result.invalid_lines == [] and not result.violations
+
+
+def test_garbage_warnings_are_counted_not_listed_and_a_missing_campaign_id_is_named(tmp_path: Path) -> None:
+    records = _lines("clean.jsonl")
+    lines = [json.dumps(r) for r in records[:3]] + ["not json"] * 500 + [json.dumps(r) for r in records[3:]]
+    lines.insert(5, json.dumps({k: v for k, v in records[3].items() if k != "campaign_id"} | {"seq": 4}))
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = replay([path])
+    notes = result.warnings()
+    assert len(result.invalid_lines) == 500 and len(notes) < 30
+    assert any("480 more lines are not JSON objects" in n for n in notes)
+    assert any(n.startswith("events of other campaigns were read: (none)") for n in notes)
+    assert "480 more lines" in render_text(result)
