@@ -34,7 +34,7 @@ EVICT = 256  # task records written out at a time once the cache is full
 CACHE_KIB = 4096  # SQLite page cache per spool
 TASK_CACHE = 16384  # task records kept in memory; past it the oldest `EVICT` are written out
 _NO_DIGIT_KEY = 1 << 62  # sort key of a task seq that is not a (small) number: after all numbers
-_FILTER_BITS = 1 << 23  # 1 MiB: about 2% false positives at a million written tasks
+_FILTER_BITS = 1 << 25  # 4 MiB: about 1.4% false positives at two million written tasks
 _FILTER_MASK = _FILTER_BITS - 1
 
 _dumps, _loads = marshal.dumps, marshal.loads
@@ -206,7 +206,7 @@ class TaskTable(Generic[T]):
 
     def _maybe_written(self, seq: str) -> bool:
         h = hash(seq)
-        a, b = h & _FILTER_MASK, (h >> 23) & _FILTER_MASK
+        a, b = h & _FILTER_MASK, (h >> 32) & _FILTER_MASK
         bits = self._written
         return bool(bits[a >> 3] & (1 << (a & 7))) and bool(bits[b >> 3] & (1 << (b & 7)))
 
@@ -269,7 +269,7 @@ class TaskTable(Generic[T]):
             self._spool.write(self._upsert, rows[start:start + ROWS])
         for seq, _ in items:
             h = hash(seq)
-            for i in (h & _FILTER_MASK, (h >> 23) & _FILTER_MASK):
+            for i in (h & _FILTER_MASK, (h >> 32) & _FILTER_MASK):
                 bits[i >> 3] |= 1 << (i & 7)
 
     def values(self) -> Iterator[T]:
