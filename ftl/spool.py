@@ -14,8 +14,8 @@ writes and reads them, nothing else ever does).
   callers look records up by key for every event and never hold one across events, so an
   evicted record is never changed behind the table's back.
 
-Memory is the page cache (`CACHE_KIB`), the pending batch and the task cache: independent of
-the number of records.
+Memory is the page cache (`CACHE_KIB`), the pending batch, the task cache (`TASK_CACHE`) and
+a fixed 4 MiB Bloom filter: independent of the number of records.
 """
 
 from __future__ import annotations
