@@ -105,7 +105,7 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
     Exit codes: 0; 1 with --check when an invariant is violated, or with --against when the
     decisions differ; 2 when a log file is missing.
     """
-    from ftl.replay import diff_decisions, render_diff_text, replay
+    from ftl.replay import replay
 
     paths = _existing(logs, "LOGS")
     other = _existing(against, "--against")
