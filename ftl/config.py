@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,6 +43,10 @@ class Config(BaseModel):
         None, description="Planner agent command; gets the planning input JSON on stdin.")
     server: str | None = Field(None, description="MangleCP server: None (embedded), 'stdio:CMD' or URL.")
     output_limit_bytes: int = Field(64 * 1024, ge=1024, description="Command output kept per step.")
+    isolation: Literal["auto", "worktree", "shared"] = Field("auto", description=(
+        "Where tasks run: 'worktree' (a git worktree per task, results integrated as commits), "
+        "'shared' (every task in the repository's own checkout) or 'auto' (worktree in a git "
+        "work tree with a commit, else shared)."))
     gates: dict[str, Any] = Field(default_factory=dict, description=(
         "The [gates] table: visibility, governance, policy and approval (parsed and checked by "
         "ftl.gate)."))

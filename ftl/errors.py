@@ -5,7 +5,7 @@ the response-v2 envelope of the CLI and lib/ scripts) renders from the rows of `
 nothing else in ftl invents an error code. Sources of the rows: FTL ERROR_HANDLING (error_type
 and route), MangleCP spec 09 §3.1 (codes, HTTP status, recoverable), ThoughtGate's JSON-RPC codes
 for the gate kinds, and the allocation of `shared/reference/errors-and-gates.md` §4.1 for ftl's
-own kinds (-32060..-32091, clear of the MCP SDK's reserved codes).
+own kinds (-32060..-32099, clear of the MCP SDK's reserved codes).
 
 Channels (reference §5 rule 4): a row with ``as_tool_result`` is an error the calling *agent*
 should reason about (its work product failed verification, its own output broke a schema, an
@@ -210,6 +210,12 @@ _ROWS: tuple[ErrorKind, ...] = (
     _row("dependency_missing", S, Route.RETURN_ERRORS, "invalid_facts", -32077,
          ("validation", "MISSING_REQUIRED"), "A required dependency is missing: {name}.",
          "Install or configure the missing dependency.", ("name",)),
+    _row("merge_conflict", S, Route.BLOCK_TASK, "x-merge_conflict", -32091,
+         ("conflict", "MERGE_CONFLICT"),
+         "Task {seq}'s commit conflicts with task {other_seq} in the integration branch.",
+         "The task was re-run once on the new integration head; make the two tasks' deltas "
+         "disjoint or make one depend on the other, then resume.",
+         ("seq", "other_seq", "paths"), http_status=409, recoverable=False),
     # --- Transient causes named by FTL ERROR_HANDLING.
     _row("network_error", T, Route.SUMMARY, "server_not_ready", -32013,
          ("unavailable", "UNAVAILABLE"), "A network call failed.",

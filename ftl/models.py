@@ -96,6 +96,9 @@ class Task(BaseModel):
     target_lines: dict[str, str] = Field(default_factory=dict)
     builder: Literal["shell", "agent"] | None = Field(
         default=None, description="Builder to use; default: shell when `run` is set, else agent.")
+    isolation: Literal["worktree", "shared"] | None = Field(
+        default=None, description="Where the task runs: its own git worktree, or the shared "
+                                  "checkout; default: the campaign's isolation (ftl.toml).")
 
     @field_validator("seq", mode="before")
     @classmethod
@@ -228,6 +231,11 @@ class Workspace(BaseModel):
     idioms: Idioms = Field(default_factory=Idioms)
     lineage: dict[str, Any] = Field(default_factory=dict)
     prior_knowledge: dict[str, Any] = Field(default_factory=dict)
+    workdir: str | None = Field(
+        default=None, description="Where the builder and verify run, relative to the repository "
+                                  "(the task's worktree); None: the repository itself.")
+    base_commit: str | None = Field(
+        default=None, description="The commit the task's worktree starts from (worktree isolation).")
 
 
 class BuildResult(BaseModel):
