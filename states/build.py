@@ -257,6 +257,9 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
         if previous is not None and previous[1].get("base_commit"):
             tree = trees.reuse(name, previous[1]["base_commit"])
             built = previous[0] if tree is not None else None
+        if built is not None:  # the build finished before a crash; its files are still there
+            run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
+                                  task_seq=seq, base=tree.base)
         tree = tree or trees.prepare(name)
         spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
         run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
