@@ -186,8 +186,9 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Read the verify output in the workspace record; fix the code or the verify command.",
          ("seq", "exit_code"), as_tool_result=True),
     _row("idiom_violation", S, Route.BLOCK_TASK, "invalid_facts", -32069,
-         ("validation", "IDIOM_VIOLATION"), "Task {seq} breaks a project idiom: {idiom}.",
-         "Follow the framework idioms listed in the workspace.", ("seq", "idiom"),
+         ("validation", "IDIOM_VIOLATION"), "Task {seq} breaks a project idiom: {idiom} at {where}.",
+         "Change the code at each file:line in details.violations to follow the idiom (or fix "
+         "the idiom in the plan if it is wrong), then resume.", ("seq", "idiom", "where", "violations"),
          as_tool_result=True),
     _row("workspace_invalid", S, Route.BLOCK_TASK, "x-workspace_invalid", -32070,
          ("conflict", "WORKSPACE_INVALID"), "The workspace for task {seq} is invalid.",
