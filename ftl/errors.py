@@ -29,6 +29,14 @@ GATE_ORDER: tuple[str, ...] = ("visibility", "governance", "policy", "approval")
 
 RetryAfterSource = Literal["none", "server"]
 
+#: The 14 error types of FTL's ERROR_HANDLING table, in its order (behaviour reference §3).
+#: ``docs/errors.md`` shows, for each, the check that produces it and the test that shows it
+#: (`ftl.errors_doc.PRODUCED_BY`).
+FTL_ERROR_TYPES: tuple[str, ...] = (
+    "timeout", "quorum_failure", "aggregation_failed", "clarify_exhausted", "decision_unknown",
+    "schema_invalid", "cycle_detected", "budget_exhausted", "verify_failed", "idiom_violation",
+    "workspace_invalid", "cascade_stuck", "iteration_exhausted", "stuck_detected")
+
 
 class Klass(str, enum.Enum):
     """Whether a failure is worth one more attempt (FTL ERROR_HANDLING "classify")."""
