@@ -293,10 +293,13 @@ _ROWS: tuple[ErrorKind, ...] = (
     _row("approval_rejected", S, Route.BLOCK_TASK, "confirmation_invalid", -32007,
          ("authorization", "FORBIDDEN"), "The call to {tool} was rejected by the approver.",
          "Change the call or ask the approver again.", ("tool",), gate="approval"),
-    _row("approval_timeout", T, Route.BLOCK_TASK, "confirmation_required", -32008,
+    # Structural, not transient (issue 15): a retry would ask the approver again at once, so an
+    # approver that never answers is asked once per task attempt; the task blocks and a later
+    # attempt (resume, re-plan, CASCADE retry) asks again.
+    _row("approval_timeout", S, Route.BLOCK_TASK, "confirmation_required", -32008,
          ("unavailable", "UNAVAILABLE"), "No approval for {tool} arrived in time.",
-         "Approve sooner or raise the approval timeout.", ("tool", "timeout_s"), gate="approval",
-         as_tool_result=True),
+         "Approve sooner or raise the approval timeout, then resume: the next attempt asks again.",
+         ("tool", "timeout_s"), gate="approval", as_tool_result=True),
     _row("approval_not_found", S, Route.BLOCK_TASK, "confirmation_invalid", -32017,
          ("not_found", "NOT_FOUND"), "No approval workflow is configured for {tool}.",
          "Configure an approval command or file in ftl.toml.", ("tool",), gate="approval"),

@@ -21,7 +21,9 @@ in a fixed order and the first refusal decides (ThoughtGate EC-ERR-005).
    polled for the request id. Rejected -> ``approval_rejected``; no answer within ``timeout_s``
    -> ``on_timeout`` (``deny`` -> ``approval_timeout``, ``approve`` -> the call runs and the
    decision records ``system:timeout-auto-approve``); approval needed but no workflow usable ->
-   ``approval_not_found``.
+   ``approval_not_found``. ``approval_timeout`` is structural (`ftl.errors`): the recovery
+   protocol does not retry the call, so an approver that never answers is asked once per task
+   attempt, and the next attempt (resume, re-plan) asks again.
 
 Cedar request: principal ``Agent::"<principal>"`` (the caller's identity, ``anonymous`` when
 unauthenticated), one action ``Action::"invoke"`` for every tool (side effects travel in the

@@ -188,3 +188,24 @@ def test_a_transient_root_that_fails_again_is_propagated(tmp_path: Path) -> None
     assert actions_after_analysis(events) == [("retry", "retry_root"),
                                               ("propagate", "CASCADE_PROPAGATE")]
     assert (tmp_path / "count").read_text().strip() == "4"  # 2 attempts x (try + retry)
+
+
+# --- issue 15 item 5: an approver that never answers is asked once per task attempt
+
+def test_an_approver_that_never_answers_is_asked_once_per_attempt(tmp_path: Path) -> None:
+    asked = tmp_path / "asked"
+    approver = [sys.executable, "-c", "import sys, time; open(sys.argv[1], 'a').write('asked\\n'); "
+                                      "time.sleep(30)", str(asked)]
+    gates = {"governance": {"rules": [{"match": {"tool": "shell_builder"}, "action": "approve"}]},
+             "approval": {"mode": "command", "command": approver, "timeout_s": 0.5,
+                          "on_timeout": "deny"}}
+    (tmp_path / "repo").mkdir()
+    result, events = start(tmp_path / "repo", [task("001", "mkdir -p out && touch out/001")],
+                           gates=gates)
+    assert result.exit_code == 3
+    assert asked.read_text().splitlines() == ["asked"]  # once, not once more by a retry
+    assert failures(events) == ["approval_timeout"]
+    classified = [e for e in events if e["event"] == "FAILURE_CLASSIFIED"]
+    assert [(e["error_type"], e["klass"]) for e in classified] == [("approval_timeout", "structural")]
+    assert not any(e["event"] == "RETRY" for e in events)
+    assert blocked_reason(result, "001").startswith("approval_timeout")

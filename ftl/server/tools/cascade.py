@@ -49,16 +49,17 @@ def looks_transient(reason: str | None) -> bool:
     """True when a block reason names a transient cause (timeout, network, rate limit, lock).
 
     A reason that starts with a transient `ftl.errors` kind (``"rate_limited: ..."``) is
-    transient. After a structural kind (``"verify_failed: ..."``) only the first line, the
-    message, is read for such words (not the command output below it, where "timeout" may be a
-    test name); any other reason is read whole.
+    transient. After a structural kind (``"verify_failed: ..."``) only the rest of the first
+    line, the message, is read for such words (not the kind's own name, so a structural
+    ``approval_timeout`` stays structural, nor the command output below it, where "timeout" may
+    be a test name); any other reason is read whole.
     """
     text = (reason or "").strip()
-    prefix, sep, _ = text.partition(":")
+    prefix, sep, rest = text.partition(":")
     if sep and prefix.strip() in REGISTRY:
         if REGISTRY[prefix.strip()].transient:
             return True
-        text = text.splitlines()[0]
+        text = rest.splitlines()[0] if rest.strip() else ""
     return bool(_TRANSIENT_RE.search(text))
 
 
