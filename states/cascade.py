@@ -98,7 +98,7 @@ def planner_available(run: Run) -> bool:
 
 def _same_tasks(run: Run, seqs: list[str]):
     """The current plan restricted to ``seqs``, unchanged: merged, it re-opens those tasks."""
-    plan = run.store.get_plan(run.campaign_id) or run.current_plan
+    plan = run.store.get_plan(run.campaign_id)
     wanted = set(seqs)
     return plan.model_copy(update={"tasks": [t for t in plan.tasks if t.seq in wanted]})
 
