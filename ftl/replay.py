@@ -910,8 +910,8 @@ class _Checker:
         attempt = self.running.get(task) if task is not None else None
         if attempt is not None and strategy:
             attempt.recoveries = [*(attempt.recoveries or ()), strategy]
-        if strategy == "replan" and success:
-            self.replan_open = True  # the merge may reopen blocked tasks
+        if strategy in ("replan", "retry_root") and success:
+            self.replan_open = True  # the merge may reopen blocked tasks (CASCADE's retry too)
 
     # --- ERROR ---
     def on_error_route(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
