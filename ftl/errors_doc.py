@@ -69,12 +69,10 @@ PRODUCED_BY: dict[str, Producer] = {
         "BUILD: the verify command still fails after its flaky retries "
         "(`ftl.recovery.escalate_flaky`)", _PRODUCERS + "test_verify_that_keeps_failing_is_verify_failed"),
     "idiom_violation": Producer(
-        "`ftl.idioms.check_idioms`: a forbidden pattern matches, or a required one matches "
-        "nowhere, in the files a task changed (`ftl.idioms.violation_error`)",
-        "tests/test_idioms.py::test_forbidden_pattern_names_file_and_line",
-        "BUILD does not call the checker yet; the campaign test "
-        "`tests/test_idiom_example.py::test_campaign_blocks_the_print_task_as_idiom_violation` "
-        "is skipped until it does"),
+        "BUILD: `ftl.idioms.check_idioms` after the build, before verify: a forbidden pattern "
+        "matches, or a required one matches nowhere, in the files the task changed "
+        "(`states/build.py` `_idiom_violations`)",
+        "tests/test_idiom_example.py::test_campaign_blocks_the_print_task_as_idiom_violation"),
     "workspace_invalid": Producer(
         "BUILD: the builder changed files outside the task's `delta`/`creates` (`out_of_scope`)",
         _PRODUCERS + "test_change_outside_the_delta_is_workspace_invalid"),

@@ -54,6 +54,7 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
+from ftl.idioms import check_idioms, detected_frameworks, violation_error
 from ftl.machine import Flow
 from ftl.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.runner import Next, Run
@@ -200,6 +201,11 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     if built is None and round_ == 1:  # a re-run's build is not a second checkpoint
         run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
                                    "built", _trim(build_result))
+    violations = _idiom_violations(run, task, build_result, tree)
+    if violations:
+        error = violation_error(seq, violations)
+        _emit_failure(run, error, tool="idiom_check", seq=seq)
+        return _block(run, workspace, error)
     workdir = tree.workdir if tree is not None else None
     try:
         verify = run.recovery.run(
@@ -211,6 +217,20 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
             return TaskOutcome(seq, "cancelled", {})
         return _block(run, workspace, error)
     return build_result, verify
+
+
+def _idiom_violations(run: Run, task: Any, build_result: dict[str, Any], tree: Any) -> list:
+    """The plan's and the detected frameworks' idioms checked on the files this task changed
+    (FTL ERROR_HANDLING idiom_violation, checked by code after the build, before verify). Only
+    the task's own delta and creates count: in a shared checkout with jobs > 1 the change list
+    can hold a parallel task's files."""
+    own = {*task.delta, *task.creates}
+    changed = [p for p in (build_result.get("files_changed") or sorted(own)) if p in own]
+    plan = run.current_plan
+    return check_idioms(tree.path if tree is not None else run.repo, changed, plan.idioms,
+                        detected_frameworks(run.exploration.get("pattern"),
+                                            plan_framework=plan.framework,
+                                            plan_confidence=plan.framework_confidence))
 
 
 def _complete(run: Run, workspace: Any, build_result: dict[str, Any], verify: dict[str, Any],

@@ -52,7 +52,6 @@ def test_run_script_is_strict_bash_and_executable() -> None:
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.skip(reason="needs states/build.py to call ftl.idioms.check_idioms between build and verify")
 def test_campaign_blocks_the_print_task_as_idiom_violation(tmp_path: Path) -> None:
     """End to end through run.sh and the real CLI. Enabled by deleting the skip line above once
     BUILD runs the idiom check (issue 15 item 1)."""
