@@ -262,7 +262,9 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
     commit, tree, built = None, None, None
     build_result: dict[str, Any] = {}
     verify: dict[str, Any] = {}
-    found = trees.task_commit(name)
+    # Only an attempt after an earlier one (a resume, a re-run) can find its commit made.
+    earlier = workspace.attempt > 1 or bool(run.store.workspaces(run.campaign_id, seq))
+    found = trees.task_commit(name) if earlier else None
     if found is not None and found.trailers.get("Ftl-Spec") == spec_digest(spec):
         run.store.record_workspace(run.campaign_id, {**spec, "status": "active",
                                                      "base_commit": found.base},

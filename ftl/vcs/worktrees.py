@@ -237,9 +237,12 @@ class Worktrees:
                 except GitError:  # a broken worktree: start over
                     self._remove_locked(path)
             if not path.exists():
-                self.git.run("worktree", "prune")
                 path.parent.mkdir(parents=True, exist_ok=True)
-                self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
+                try:
+                    self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
+                except GitError:  # git still lists a worktree there that is gone: prune, retry
+                    self.git.run("worktree", "prune")
+                    self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
         return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
                         branch=branch, base=base)
 
@@ -302,11 +305,11 @@ class Worktrees:
         """
         with self._integration_lock:
             head = self.ensure_integration()
-            if self.git.ok("merge-base", "--is-ancestor", task.commit, head):
-                return Integration(head=head, previous=head, already=True)
-            if task.base == head:
+            if task.base == head:  # nothing integrated since the task started: fast-forward
                 self.git.run("update-ref", f"refs/heads/{self.integration}", task.commit, head)
                 return Integration(head=task.commit, previous=head, fast_forward=True)
+            if self.git.ok("merge-base", "--is-ancestor", task.commit, head):
+                return Integration(head=head, previous=head, already=True)
             merged = self.git.run("merge-tree", "--write-tree", "--name-only", "--no-messages",
                                   "-z", head, task.commit, ok_codes=(0, 1))
             tree, *rest = merged.stdout.split("\0")
@@ -340,27 +343,28 @@ class Worktrees:
             self._remove_locked(self.path_of(name))
 
     def finish(self) -> list[str]:
-        """End of the campaign: remove its worktrees, delete task branches whose work is in the
-        integration branch (or that hold none); keep a task branch whose commit is not
-        integrated (a conflict to look at). Returns the task branches kept. Never raises."""
-        kept: list[str] = []
+        """End of the campaign: remove its worktrees and delete the task branches whose tips
+        the integration branch contains (their work is in it, or they hold none); keep a task
+        branch whose commit is not integrated (a conflict to look at). A few git calls in all,
+        not a few per task. Returns the task branches kept. Never raises."""
+        prefix = f"refs/heads/ftl/{self.campaign_id}/task/"
         try:
-            prefix = f"refs/heads/ftl/{self.campaign_id}/task/"
-            names = self.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
-            for ref in names:
-                name = ref[len(prefix):]
-                self.remove(name)
-                commit = self.task_commit(name)
-                if commit is not None and not self.is_integrated(commit.commit):
-                    kept.append(ref[len("refs/heads/"):])
-                    continue
-                with self._refs_lock:
-                    self.git.run("update-ref", "-d", ref)
             with self._refs_lock:
+                names = self.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
+                for ref in names:
+                    path = self.path_of(ref[len(prefix):])
+                    if path.exists():
+                        shutil.rmtree(path, ignore_errors=True)
                 self.git.run("worktree", "prune")
+                head = self._resolve(self.integration)
+                merged = set(self.git.out("for-each-ref", "--format=%(refname)",
+                                          f"--merged={head}", prefix).splitlines()) if head else set()
+                if merged:
+                    self.git.run("update-ref", "--stdin",
+                                 input="".join(f"delete {ref}\n" for ref in sorted(merged)))
+            return sorted(ref[len("refs/heads/"):] for ref in names if ref not in merged)
         except (GitError, OSError):
-            pass
-        return kept
+            return []
 
     def _remove_locked(self, path: Path) -> None:
         if (path / ".git").is_file():
