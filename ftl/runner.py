@@ -252,21 +252,27 @@ class Runner:
         """
         with self._driving(None):
             isolation, notice = decide_isolation(self.config.isolation, self.repo)
-            # Connect first: a tool server that cannot be reached must not leave a campaign active.
-            client = self.client_factory(self.config, self.repo)
+            # Intent first (issue "crash safety", item 2): the campaign with every input, and
+            # RUN_START, are written before anything slow (the tool server's boot, EXPLORE), so a
+            # kill from the first second on leaves a campaign that `resume` continues.
+            plan_sha256 = _digest(plan_input)
+            campaign = self.store.create_campaign(
+                objective, flow=flow.value,
+                inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
+                        "isolation": isolation, "plan_sha256": plan_sha256})
+            log = self._open_log(campaign["id"])
+            log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
+                     pid=os.getpid(), config=self.config.model_dump(mode="json"),
+                     isolation=isolation, plan_sha256=plan_sha256,
+                     **({"notice": notice} if notice else {}))
+            client = self._connect_or_stop(log)
             try:
-                # The inputs go in with the campaign: a resume must always be able to rebuild it.
-                campaign = self.store.create_campaign(
-                    objective, flow=flow.value,
-                    inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
-                            "isolation": isolation})
-                run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input, client=client)
+                run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input,
+                                     client=client, log=log)
             except BaseException:
                 _close(client)
+                log.close()
                 raise
-            run.log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
-                         pid=os.getpid(), config=self.config.model_dump(mode="json"),
-                         isolation=isolation, **({"notice": notice} if notice else {}))
             return self._drive(run, CampaignMachine(run, flow, State.INIT))
 
     def resume(self, campaign_id: str | None = None) -> RunResult:
@@ -334,13 +340,37 @@ class Runner:
             active = None
         return active["id"] if active else "(not yet created)"
 
-    def _make_run(self, campaign: dict[str, Any], tracked: Tracked, plan_input: dict | None,
-                  revised_plan_input: dict | None, client: Any = None) -> Run:
-        campaign_id = campaign["id"]
-        client = client if client is not None else self.client_factory(self.config, self.repo)
+    def _open_log(self, campaign_id: str) -> ev.EventLog:
         log = ev.EventLog(ev.log_path(self.repo, campaign_id), campaign_id)
         if self.on_event:
             log.subscribe(self.on_event)
+        return log
+
+    def _connect_or_stop(self, log: ev.EventLog) -> Any:
+        """Connect to the tool server; if that fails (or is interrupted), end the log as a
+        stopped run, leave the campaign active for `resume`, and re-raise."""
+        try:
+            return self.client_factory(self.config, self.repo)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                if isinstance(exc, KeyboardInterrupt):
+                    log.emit(ev.RUN_END, outcome="cancelled", exit_code=EXIT_CANCELLED,
+                             resumable=True)
+                else:
+                    error = classify_exception(exc)
+                    _LOG.error("connecting to the tool server failed (correlation id %s)",
+                               error.details.get("correlation_id"), exc_info=exc)
+                    log.emit(ev.RUN_END, outcome="stopped", exit_code=EXIT_STOPPED,
+                             resumable=True, reason="error", error_type=error.error_type)
+            log.close()
+            raise
+
+    def _make_run(self, campaign: dict[str, Any], tracked: Tracked, plan_input: dict | None,
+                  revised_plan_input: dict | None, client: Any = None,
+                  log: ev.EventLog | None = None) -> Run:
+        campaign_id = campaign["id"]
+        client = client if client is not None else self.client_factory(self.config, self.repo)
+        log = log if log is not None else self._open_log(campaign_id)
         cancel = threading.Event()
         isolation = (campaign.get("inputs") or {}).get("isolation") or "shared"
         worktrees = None
@@ -377,6 +407,8 @@ class Runner:
                 if state is State.ERROR and run.error is not None:
                     entry.update(error_type=run.error.error_type, route=run.error.kind.route.value)
                 run.log.emit(ev.STATE_ENTRY, state=state.value, **entry)
+                if entry.get("resumed"):
+                    self._reap_orphans(run, state)
                 self.store.save_machine(run.campaign_id, state.value, run.tracked_json(),
                                         error=_error_record(run.error))
                 try:
@@ -422,6 +454,17 @@ class Runner:
             with contextlib.suppress(Exception):
                 run.log.close()
             _close(run.tools.client)
+
+    def _reap_orphans(self, run: Run, state: State) -> None:
+        """Before a resumed run does anything: kill what the crashed run's build and verify
+        commands left running (`ftl.executors.processes.reap`), so no orphan changes the
+        repository while tasks run again (RECOVERY_ATTEMPT ``reap_orphans``)."""
+        from ftl.executors.processes import LEDGER_DIR, reap
+
+        reaped = reap(self.repo / LEDGER_DIR)
+        if reaped:
+            run.recovery.recovery(strategy="reap_orphans", success=True, state=state.value,
+                                  groups=reaped)
 
     def _fail(self, run: Run, machine: CampaignMachine, state: State,
               exc: BaseException) -> RunResult | None:
@@ -480,6 +523,17 @@ class Runner:
                           ", ".join(kept))
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,
                          run.log.path)
+
+
+def _digest(value: Any) -> str | None:
+    """sha256 of ``value`` as canonical JSON (sorted keys), or None for None."""
+    if value is None:
+        return None
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"),
+                                     default=str).encode()).hexdigest()
 
 
 def _error_record(error: FtlError | None) -> dict[str, Any] | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import os
 import subprocess
 import threading
 import urllib.parse
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import httpx
 
 from ftl.errors import FtlError
+from ftl.executors.processes import parent_death_setup
 from ftl.manglecp.messages import PROTOCOL_VERSION, encode, envelope, make_error, to_ftl_error
 from ftl.manglecp.server import ManglecpServer, Session
 
@@ -223,8 +225,11 @@ class StdioTransport(Transport):
         self.command = list(command)
         self.close_timeout_s = close_timeout_s
         try:
+            # A stdio server lives for its client only: the kernel kills it when the thread
+            # that started it dies, so a kill -9 of ftl leaves no server changing the repo.
             self.process = subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=None, cwd=cwd, env=dict(env) if env else None)
+                                            stderr=None, cwd=cwd, env=dict(env) if env else None,
+                                            preexec_fn=parent_death_setup(os.getpid()))
         except OSError as exc:
             raise _network_error(f"cannot start the server ({exc.strerror or exc})") from None
         self._boxes = _Mailboxes()

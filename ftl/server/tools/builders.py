@@ -24,6 +24,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftl.errors import FtlError
+from ftl.executors.processes import LEDGER_DIR
 from ftl.models import BuildResult, Workspace
 from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import CommandResult, changed_paths, run_command, snapshot_tree
@@ -72,7 +73,8 @@ def _run_in_scope(ws: Workspace, args: BuildArgs, ctx: ToolContext, command: str
     cwd = resolve_workdir(ctx, ws.workdir, "$.workspace.workdir")
     method, before = snapshot_tree(cwd)
     result = run_command(command, cwd=cwd, timeout_s=ws.timeout_s, cancel=ctx.cancel,
-                         stdin=stdin, env=_env(ws), output_limit_bytes=limit)
+                         stdin=stdin, env=_env(ws), output_limit_bytes=limit,
+                         ledger=ctx.repo / LEDGER_DIR)
     method, after = snapshot_tree(cwd, method)
     changed = changed_paths(before, after) if method != "unavailable" else []
     scope = out_of_scope(changed, [*ws.delta, *ws.creates], cwd, args.exclude_paths)

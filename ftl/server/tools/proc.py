@@ -23,7 +23,6 @@ Also here: `git_status`, the parsed ``git status --porcelain`` of a work tree, a
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import os
 import selectors
@@ -36,11 +35,11 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from ftl.errors import FtlError
+from ftl.executors.processes import forget, parent_death_setup, record
 
 __all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
            "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_NOT_FOUND = 127  # shell convention: command not found
 EXIT_NOT_EXECUTABLE = 126  # shell convention: found but not executable
 _POLL_S = 0.05  # how often the wait loop looks at the cancel flag and the deadline
@@ -51,11 +50,6 @@ _DRAIN_LIMIT_S = 2.0  # after the group is stopped, how long to wait for pipes t
 SKIP_DIRS = frozenset({".git", ".ftl", ".venv", "venv", "node_modules", "__pycache__", ".tox",
                        ".nox", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis"})
 
-try:
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-    _PRCTL = _LIBC.prctl
-except (OSError, AttributeError):  # not glibc/musl Linux: no parent-death signal
-    _PRCTL = None
 
 
 @dataclass
@@ -112,16 +106,7 @@ class _Tail:
         return self.buf.decode("utf-8", errors="replace")
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
-    """The preexec_fn: parent-death signal, then close the race where the parent already died."""
-
-    def setup() -> None:
-        if _PRCTL is not None:
-            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent_pid:  # parent died between fork and prctl
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return setup
+_child_setup = parent_death_setup  # the preexec_fn of every command (parent-death signal)
 
 
 def _exited(pid: int) -> bool:
@@ -180,7 +165,7 @@ def _stop_group(pgid: int, grace_s: float, sleep: Callable[[float], None] = time
 def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                 cancel: threading.Event | None = None, stdin: bytes | None = None,
                 env: Mapping[str, str] | None = None, output_limit_bytes: int = 65536,
-                grace_s: float = 2.0) -> CommandResult:
+                grace_s: float = 2.0, ledger: Path | None = None) -> CommandResult:
     """Run ``command`` in ``cwd`` and return its `CommandResult`; never raises for its outcome.
 
     Args:
@@ -193,6 +178,9 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         env: variables added to (and overriding) the inherited environment.
         output_limit_bytes: how many bytes of output tail to keep, per stream and combined.
         grace_s: time between SIGTERM and SIGKILL when stopping the group, in s.
+        ledger: a folder in which the running group is recorded until it is reaped
+            (`ftl.executors.processes`), so that a resume after a kill of ftl can stop what
+            the command left running.
 
     Output is read while the command runs (no pipe deadlock whatever its size). If a process
     outside the group (one that called setsid) keeps the pipes open, reading stops 2 s after the
@@ -235,6 +223,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         return CommandResult(EXIT_NOT_EXECUTABLE, message, "", message, False, False,
                              int((time.monotonic() - started) * 1000))
 
+    entry = record(ledger, proc.pid, argv[-1]) if ledger is not None else None
     timed_out = cancelled = False
     pending_in = memoryview(stdin or b"")
     selector = selectors.DefaultSelector()
@@ -308,6 +297,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         if proc.returncode is None:  # an exception escaped the loop: do not leak the group
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
+        forget(entry)  # the group was stopped above: nothing of it is left to reap
 
     exit_code = None if (timed_out or cancelled) else proc.returncode
     return CommandResult(exit_code=exit_code, output=both.text(), stdout=out.text(),

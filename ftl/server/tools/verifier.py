@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ftl.executors.processes import LEDGER_DIR
 from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import run_command
 
@@ -39,7 +40,8 @@ def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
     """
     cwd = resolve_workdir(ctx, args.workdir, "$.workdir")
     result = run_command(args.command, cwd=cwd, timeout_s=args.timeout_s, cancel=ctx.cancel,
-                         output_limit_bytes=ctx.output_limit_bytes)
+                         output_limit_bytes=ctx.output_limit_bytes,
+                         ledger=ctx.repo / LEDGER_DIR)
     return {"passed": result.ok, "exit_code": result.exit_code, "output": result.output,
             "timed_out": result.timed_out, "cancelled": result.cancelled,
             "duration_ms": result.duration_ms, "timeout_s": args.timeout_s}
