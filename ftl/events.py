@@ -270,8 +270,63 @@ def iter_many(paths: Iterable[Path], report: ReadReport | None = None) -> Iterat
         yield from read_events(path, report)
 
 
+class TaskCommitFields(BaseModel):
+    """``TASK_COMMIT``: a verified task's result committed in its worktree."""
+
+    task_seq: str
+    attempt: int = Field(ge=1)
+    commit: str = Field(description="The task commit (40 hex digits).")
+    base: str = Field(description="The integration head the task started from.")
+    file_count: int = Field(ge=0, description="Paths changed against the base.")
+    files: list[str] = Field(description="The first 50 of them.")
+
+
+class TaskIntegratedFields(BaseModel):
+    """``TASK_INTEGRATED``: that commit integrated into ``ftl/<campaign_id>/integration``."""
+
+    task_seq: str
+    commit: str
+    head: str = Field(description="The integration head afterwards (the commit itself when "
+                                  "fast-forwarded, else the merge commit).")
+    previous: str = Field(description="The integration head before.")
+    fast_forward: bool
+
+
+class MergeConflictFields(BaseModel):
+    """``MERGE_CONFLICT``: that commit conflicts with the integration head (paths, never
+    contents)."""
+
+    task_seq: str
+    commit: str
+    base: str
+    other_seqs: list[str] = Field(description="Integrated tasks whose commits touched the paths.")
+    paths: list[str] = Field(description="Conflicting paths (at most 20).")
+    round: int = Field(ge=1, le=2, description="1: re-run on the new head follows; 2: blocked.")
+
+
+#: Events whose own fields have a schema (``schemas/event.schema.json``, ``$defs``).
+EVENT_FIELDS: dict[str, type[BaseModel]] = {
+    TASK_COMMIT: TaskCommitFields, TASK_INTEGRATED: TaskIntegratedFields,
+    MERGE_CONFLICT: MergeConflictFields,
+}
+
+
+def add_event_fields(schema: dict[str, Any]) -> dict[str, Any]:
+    """Add the `EVENT_FIELDS` schemas to ``EventRecord``'s schema (``$defs`` and one
+    ``if event == NAME then`` rule each); used by `ftl.schemas`. Returns ``schema``."""
+    defs = schema.setdefault("$defs", {})
+    rules = []
+    for name, model in EVENT_FIELDS.items():
+        defs[model.__name__] = model.model_json_schema()
+        rules.append({"if": {"properties": {"event": {"const": name}}, "required": ["event"]},
+                      "then": {"$ref": f"#/$defs/{model.__name__}"}})
+    schema["allOf"] = rules
+    return schema
+
+
 class EventRecord(BaseModel):
-    """The common shape of every event line (design.md §6); each event adds its own fields.
+    """The common shape of every event line (design.md §6); each event adds its own fields
+    (those of `EVENT_FIELDS` have their own schema).
 
     This model is the source of ``schemas/event.schema.json``; the writer does not construct it
     per line (that would cost a validation per event on the hot path).

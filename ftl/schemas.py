@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from pydantic import BaseModel
 
 from ftl.envelope import ResponseV2
-from ftl.events import EventRecord
+from ftl.events import EventRecord, add_event_fields
 from ftl.models import BuildResult, ExplorerResult, Plan, Task, Workspace
 
 SCHEMAS: dict[str, type[BaseModel]] = {
@@ -86,6 +86,8 @@ def schema_for(name: str) -> dict[str, Any]:
     """
     model = SCHEMAS[name]
     schema = model.model_json_schema(mode="validation")
+    if model is EventRecord:
+        add_event_fields(schema)
     widened = False
     for (owner, prop), form in INPUT_FORMS.items():
         definition = _model_definition(schema, model, owner)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from ftl.events import read_events
@@ -58,6 +59,9 @@ def test_parallel_edits_complete_and_leave_the_checkout_alone(tmp_path: Path, jo
     integrated = [e for e in log if e["event"] == "TASK_INTEGRATED"]
     assert sorted(e["task_seq"] for e in commits) == ["001", "002", "003"]
     assert [e["commit"] for e in integrated] == [e["commit"] for e in commits]
+    schema = json.loads((ROOT / "schemas" / "event.schema.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    assert [error.message for e in log for error in validator.iter_errors(e)] == []
     assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
     # Landing fast-forwards the user's branch.
     landed = subprocess.run([*FTL, "campaign", "land", "--repo", str(repo), "--json"],
