@@ -234,16 +234,22 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
 @click.option("--jobs", type=click.IntRange(1, 256))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--server")
+@click.option("--kill-leftovers", is_flag=True,
+              help="Kill at once the build and verify commands the interrupted run left running "
+                   "(default: let them finish, up to their task timeout, so a finished build is "
+                   "reused rather than run again).")
 @metrics_option
 @json_option
 @handled
 def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, config_path: Path | None,
-                    server: str | None, metrics_file: Path | None, as_json: bool) -> int:
+                    server: str | None, kill_leftovers: bool, metrics_file: Path | None,
+                    as_json: bool) -> int:
     """Resume an interrupted campaign: completed tasks are kept, in-flight ones re-run fresh.
 
     Same output and exit codes as `ftl campaign run`.
     """
     runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    runner.wait_for_leftovers = not kill_leftovers
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file)
     return _finish(result, as_json)

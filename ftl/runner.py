@@ -216,6 +216,8 @@ class Runner:
         client_factory: builds the MangleCP client (tests pass a recording one); default `connect`.
         sleep: injected into the retry protocol (tests record delays instead of sleeping).
         on_event: a listener for every event (progress views).
+        wait_for_leftovers: on resume, let commands a crashed run left running finish (up to
+            their task timeout) before anything runs again; False kills them at once.
 
     A context manager: leaving it (or `close`) closes the store.
     """
@@ -223,12 +225,14 @@ class Runner:
     def __init__(self, repo: Path, config: Config, *,
                  client_factory: Callable[[Config, Path], Any] = connect,
                  sleep: Callable[[float], Any] | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 wait_for_leftovers: bool = True) -> None:
         self.repo = repo
         self.config = config
         self.client_factory = client_factory
         self.sleep = sleep
         self.on_event = on_event
+        self.wait_for_leftovers = wait_for_leftovers
         self.store = Store.for_repo(repo)
 
     def close(self) -> None:
@@ -456,12 +460,20 @@ class Runner:
             _close(run.tools.client)
 
     def _reap_orphans(self, run: Run, state: State) -> None:
-        """Before a resumed run does anything: kill what the crashed run's build and verify
-        commands left running (`ftl.executors.processes.reap`), so no orphan changes the
-        repository while tasks run again (RECOVERY_ATTEMPT ``reap_orphans``)."""
+        """Before a resumed run does anything: let the build and verify commands the crashed
+        run left behind finish, up to their deadlines, then kill what is left
+        (`ftl.executors.processes.reap`; ``ORPHANS_WAITING`` first, then RECOVERY_ATTEMPT
+        ``reap_orphans``). A build that finishes records its checkpoint, so the resume reuses
+        it instead of running it again; nothing of the old run changes the repository once
+        tasks run again. ``wait_for_leftovers=False`` kills at once."""
         from ftl.executors.processes import LEDGER_DIR, reap
 
-        reaped = reap(self.repo / LEDGER_DIR)
+        def announce(groups: list[dict]) -> None:
+            until = max(group["deadline_s"] for group in groups)
+            run.log.emit(ev.ORPHANS_WAITING, state=state.value, count=len(groups),
+                         until=ev.utc_at(until), commands=[g["what"][:120] for g in groups])
+
+        reaped = reap(self.repo / LEDGER_DIR, wait=self.wait_for_leftovers, on_wait=announce)
         if reaped:
             run.recovery.recovery(strategy="reap_orphans", success=True, state=state.value,
                                   groups=reaped)

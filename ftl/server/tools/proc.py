@@ -178,9 +178,11 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         env: variables added to (and overriding) the inherited environment.
         output_limit_bytes: how many bytes of output tail to keep, per stream and combined.
         grace_s: time between SIGTERM and SIGKILL when stopping the group, in s.
-        ledger: a folder in which the running group is recorded until it is reaped
-            (`ftl.executors.processes`), so that a resume after a kill of ftl can stop what
-            the command left running.
+        ledger: a folder in which the running group is recorded, with its deadline, until it
+            is reaped (`ftl.executors.processes`). Such a command gets no parent-death signal:
+            if ftl dies it runs to its end (or its deadline) and records its own completion
+            (a build's checkpoint), and the next resume waits for it before anything runs
+            again, so a finished build is never run twice and no orphan outlives the wait.
 
     Output is read while the command runs (no pipe deadlock whatever its size). If a process
     outside the group (one that called setsid) keeps the pipes open, reading stops 2 s after the
@@ -213,7 +215,10 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
     try:
         proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                start_new_session=True, preexec_fn=_child_setup(os.getpid()))
+                                start_new_session=True,
+                                # A recorded command outlives a dead ftl to record its own end
+                                # (checkpoint); the next resume waits for it (ledger deadline).
+                                preexec_fn=None if ledger is not None else _child_setup(os.getpid()))
     except (FileNotFoundError, NotADirectoryError):
         message = f"{argv[0]}: command not found\n"
         return CommandResult(EXIT_NOT_FOUND, message, "", message, False, False,
@@ -223,7 +228,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         return CommandResult(EXIT_NOT_EXECUTABLE, message, "", message, False, False,
                              int((time.monotonic() - started) * 1000))
 
-    entry = record(ledger, proc.pid, argv[-1]) if ledger is not None else None
+    entry = (record(ledger, proc.pid, argv[-1], deadline_s=time.time() + timeout_s)
+             if ledger is not None else None)
     timed_out = cancelled = False
     pending_in = memoryview(stdin or b"")
     selector = selectors.DefaultSelector()
