@@ -19,9 +19,9 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (TASK_STATUS_ALIASES, Env, Reply, campaign_entry, command, fingerprint,
-                     read_stdin_json, replan_input, run, script_group, violation,
-                     wrap)
+from _common import (TASK_STATUS_ALIASES, Env, FtlRefusal, Reply, campaign_entry, command,
+                     fingerprint, ftl_seq_text, ftl_task, read_stdin_json, replan_input, run,
+                     script_group, violation, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("campaign.py", "Campaigns and their task DAG (FTL campaign.py).")
@@ -42,7 +42,9 @@ def create(env: Env, objective: str, framework: str | None) -> Reply:
     CONFLICT naming the active one (FTL crashed on the unique index, §8.2 item 2).
     """
     campaign = env.store.create_campaign(objective, framework=framework)
-    return Reply(campaign_entry(env.store, campaign))
+    return Reply(campaign_entry(env.store, campaign), ftl={
+        "id": campaign["campaign_id"], "objective": objective, "status": "active", "tasks": [],
+        "framework": framework, "created_at": campaign["created_at"]})
 
 
 @command(cli, "status")
@@ -58,7 +60,11 @@ def status(env: Env, campaign_id: str | None) -> Reply:
     campaign = env.campaign(campaign_id)
     if campaign is None:
         return Reply({"status": "none"})
-    return Reply(campaign_entry(env.store, campaign))
+    entry = campaign_entry(env.store, campaign)
+    return Reply(entry, ftl={
+        "status": entry["status"], "objective": entry["objective"], "framework": entry["framework"],
+        "created_at": entry["created_at"], "tasks": [ftl_task(t) for t in entry["tasks"]],
+        "summary": entry["summary"] or {}})
 
 
 @command(cli, "add-tasks")
@@ -77,7 +83,8 @@ def add_tasks(env: Env) -> Reply:
     cid = campaign["campaign_id"]
     seqs = env.store.add_tasks(cid, plan)
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
-                  "plan_version": env.store.plan_versions(cid)[-1]})
+                  "plan_version": env.store.plan_versions(cid)[-1]},
+                 ftl={"status": "tasks_added"}, ftl_indent=None)
 
 
 def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
@@ -134,8 +141,10 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
     cid = env.active()["campaign_id"]
     row = env.store.task(cid, seq)
     current = row["status"]
+    echo = {"task": seq, "status": status}  # FTL printed the arguments as typed
     if current == target:
-        return Reply({"task": row["seq"], "status": current, "previous": current, "changed": False})
+        return Reply({"task": row["seq"], "status": current, "previous": current, "changed": False},
+                     ftl=echo, ftl_indent=None)
     try:
         new = env.store.transition_task(cid, row["seq"], target, reason=reason, delivered=delivered,
                                         worker="lib/campaign.py" if target == "running" else None)
@@ -143,7 +152,8 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
         if error.error_type != "invalid_state":
             raise
         raise _illegal(current, target, row["seq"], error) from None
-    return Reply({"task": new["seq"], "status": new["status"], "previous": current, "changed": True})
+    return Reply({"task": new["seq"], "status": new["status"], "previous": current, "changed": True},
+                 ftl=echo, ftl_indent=None)
 
 
 @command(cli, "next-task")
@@ -158,11 +168,11 @@ def next_task(env: Env) -> Reply:
 
     campaign = env.active(required=False)
     if campaign is None:
-        return Reply({})
+        return Reply({}, ftl=None)
     rows = env.store.tasks(campaign["campaign_id"])
     ready = dag.ready_set(*_graph(rows))
     by_seq = {r["seq"]: r for r in rows}
-    return Reply(by_seq[ready[0]] if ready else {})
+    return Reply(by_seq[ready[0]] if ready else {}, ftl=ftl_task(by_seq[ready[0]]) if ready else None)
 
 
 @command(cli, "ready-tasks")
@@ -175,10 +185,11 @@ def ready_tasks(env: Env) -> Reply:
 
     campaign = env.active(required=False)
     if campaign is None:
-        return Reply(wrap([]))
+        return Reply(wrap([]), ftl=[])
     rows = env.store.tasks(campaign["campaign_id"])
     ready = set(dag.ready_set(*_graph(rows)))
-    return Reply(wrap([r for r in rows if r["seq"] in ready]))
+    chosen = [r for r in rows if r["seq"] in ready]
+    return Reply(wrap(chosen), ftl=[ftl_task(r) for r in chosen])
 
 
 @command(cli, "cascade-status")
@@ -196,7 +207,12 @@ def cascade_status(env: Env) -> Reply:
     campaign = env.active(required=False)
     if campaign is None:
         return Reply({"state": "none"})
-    return Reply(dag.cascade_status(*_graph(env.store.tasks(campaign["campaign_id"]))))
+    result = dag.cascade_status(*_graph(env.store.tasks(campaign["campaign_id"])))
+    ftl = {"state": result["state"], "complete": result["complete"], "blocked": result["blocked"],
+           "pending": result["pending"], "ready": result["ready"],
+           "unreachable": [{"seq": u["seq"], "blocked_by": [ftl_seq_text(s) for s in u["blocked_by"]]}
+                           for u in result["unreachable"]]}
+    return Reply(result, ftl=ftl)
 
 
 @command(cli, "cascade-analysis")
@@ -237,7 +253,7 @@ def propagate_blocks(env: Env) -> Reply:
     campaign = env.active(required=False)
     result: dict[str, Any] = {"propagated": [], "details": [], "skipped": []}
     if campaign is None:
-        return Reply(result)
+        return Reply(result, ftl={"propagated": []}, ftl_indent=None)
     cid = campaign["campaign_id"]
     for seq, roots in dag.propagate_blocks(*_graph(env.store.tasks(cid))):
         try:
@@ -250,7 +266,7 @@ def propagate_blocks(env: Env) -> Reply:
             continue
         result["propagated"].append(seq)
         result["details"].append({"seq": seq, "blocked_by": roots})
-    return Reply(result)
+    return Reply(result, ftl={"propagated": result["propagated"]}, ftl_indent=None)
 
 
 def _outcome(counts: dict[str, int]) -> str:
@@ -284,10 +300,13 @@ def complete(env: Env, summary: str | None) -> Reply:
     record = {**extra, **{k: counts[k] for k in ("total", "complete", "blocked", "pending", "running")},
               "outcome": outcome}
     finished = env.store.finish_campaign(cid, "complete", record)
+    prints = fingerprint(env.store, finished)
     return Reply({"status": finished["status"], "id": cid, "campaign_id": cid,
                   "objective": finished["objective"], "completed_at": finished["finished_at"],
-                  "summary": finished["summary"], "outcome": outcome,
-                  "fingerprint": fingerprint(env.store, finished)})
+                  "summary": finished["summary"], "outcome": outcome, "fingerprint": prints},
+                 ftl={"status": "complete", "objective": finished["objective"],
+                      "completed_at": finished["finished_at"], "summary": finished["summary"],
+                      "fingerprint": prints})
 
 
 @command(cli, "active")
@@ -298,7 +317,12 @@ def active(env: Env) -> Reply:
     summary, tasks, counts}, or {} when none is active (FTL printed null).
     """
     campaign = env.active(required=False)
-    return Reply(campaign_entry(env.store, campaign) if campaign else {})
+    if campaign is None:
+        return Reply({}, ftl=None)
+    entry = campaign_entry(env.store, campaign)
+    return Reply(entry, ftl={"id": entry["id"], "status": entry["status"], "objective": entry["objective"],
+                             "framework": entry["framework"], "created_at": entry["created_at"],
+                             "tasks": [ftl_task(t) for t in entry["tasks"]]})
 
 
 def _finished(env: Env) -> list[dict]:
@@ -318,7 +342,9 @@ def history(env: Env) -> Reply:
         archives.append({"id": c["campaign_id"], "objective": c["objective"], "status": c["status"],
                          "completed_at": c["finished_at"], "summary": c["summary"],
                          "outcome": summary.get("outcome")})
-    return Reply({"archives": archives})
+    ftl = [{"objective": a["objective"], "completed_at": a["completed_at"], "summary": a["summary"] or {}}
+           for a in archives if a["status"] == "complete"]
+    return Reply({"archives": archives}, ftl={"archives": ftl})
 
 
 def _date(ctx: click.Context, param: click.Parameter, value: str | None) -> date | None:
@@ -342,7 +368,7 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
     completed_at, tasks, summary, fingerprint}], "written": OUT, "count": n}; the file holds
     {"campaigns": [...]}.
     """
-    campaigns = []
+    campaigns, ftl = [], []
     for c in _finished(env):
         day = date.fromisoformat((c["finished_at"] or c["updated_at"])[:10])
         if (start and day < start) or (end and day > end):
@@ -351,12 +377,19 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
                           "framework": c["framework"], "status": c["status"],
                           "completed_at": c["finished_at"], "tasks": env.store.tasks(c["campaign_id"]),
                           "summary": c["summary"], "fingerprint": fingerprint(env.store, c)})
+        if c["status"] == "complete":
+            ftl.append({"objective": c["objective"], "framework": c["framework"],
+                        "completed_at": c["finished_at"],
+                        "tasks": [ftl_task(t) for t in campaigns[-1]["tasks"]],
+                        "summary": c["summary"] or {}, "fingerprint": campaigns[-1]["fingerprint"]})
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"campaigns": campaigns}, indent=2, default=str) + "\n", encoding="utf-8")
     except OSError as exc:
         raise FtlError("conflict", {"what": f"Cannot write {out.name}: {exc.strerror or 'OS error'}."},
                        message=f"Cannot write {out.name}: {exc.strerror or 'OS error'}.") from None
-    return Reply({"campaigns": campaigns, "written": str(out), "count": len(campaigns)})
+    return Reply({"campaigns": campaigns, "written": str(out), "count": len(campaigns)},
+                 ftl={"campaigns": ftl})
 
 
 @command(cli, "get-replan-input")
