@@ -113,10 +113,12 @@ class FtlRefusal(FtlError):
     with an exit code, rather than a traceback: the FTL output mode prints ``ftl_payload``
     and exits ``ftl_exit``; the envelope mode renders the error kind as usual."""
 
-    def __init__(self, kind: str, details: dict[str, Any] | None = None, *, ftl_payload: Any,
-                 ftl_exit: int = 1, ftl_indent: int | None = None, message: str | None = None) -> None:
+    def __init__(self, kind: str, details: dict[str, Any] | None = None, *, ftl_payload: Any = None,
+                 ftl_exit: int = 1, ftl_indent: int | None = None, ftl_stderr: str | None = None,
+                 message: str | None = None) -> None:
         super().__init__(kind, details or {}, message=message)
         self.ftl_payload, self.ftl_exit, self.ftl_indent = ftl_payload, ftl_exit, ftl_indent
+        self.ftl_stderr = ftl_stderr  # FTL's stderr line instead of a JSON payload
 
 
 def unwrap(data: dict[str, Any]) -> Any:
@@ -228,7 +230,10 @@ def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:
     try:
         result = group.main(args=args, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
     except FtlRefusal as error:
-        _print_ftl(error.ftl_payload, error.ftl_indent)
+        if error.ftl_stderr is not None:
+            sys.stderr.write(error.ftl_stderr + "\n")
+        else:
+            _print_ftl(error.ftl_payload, error.ftl_indent)
         code = error.ftl_exit
     except FtlError as error:
         sys.stderr.write(f"Error: {error.message}\n")
