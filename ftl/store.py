@@ -618,6 +618,13 @@ class Store:
             raise FtlError("not_found", {"what": f"{what} of campaign {campaign_id}"})
         return Plan.model_validate_json(row[0])
 
+    def plan_saved_at(self, campaign_id: str, version: int) -> str | None:
+        """When plan ``version`` of the campaign was saved (RFC 3339 UTC), or None if unknown."""
+        with self._session() as conn:
+            row = conn.execute("SELECT created_at FROM plan WHERE campaign_id = ? AND version = ?",
+                               (campaign_id, version)).fetchone()
+        return None if row is None else row[0]
+
     def plan_versions(self, campaign_id: str) -> list[int]:
         """The campaign's saved plan versions, ascending."""
         with self._session() as conn:

@@ -69,7 +69,8 @@ __all__ = [
     "run", "wrap", "exit_code_for", "parse_json_text", "read_stdin_json", "parse_json_option",
     "violation", "no_active_campaign", "campaign_entry", "replan_input", "fingerprint",
     "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command", "FtlRefusal",
-    "output_mode", "ftl_task", "ftl_seq_text", "ftl_depends", "ftl_status",
+    "output_mode", "ftl_task", "ftl_seq_text", "ftl_depends", "ftl_status", "ftl_plan_task",
+    "plan_input", "FTL_PLAN_RECORD_KEYS",
 ]
 
 EXIT_OK = 0
@@ -562,8 +563,8 @@ def ftl_depends(depends: list[str]) -> Any:
 
 def ftl_task(row: dict) -> dict[str, Any]:
     """A store task row as FTL's campaign task entry: ``{seq, slug, type, depends, status}`` plus
-    ``updated_at`` once the task left pending and ``blocked_by`` (FTL int-text seqs) when a
-    block was propagated to it."""
+    ``updated_at`` once the task left pending, ``blocked_by`` (FTL int-text seqs) when a block
+    was propagated to it and ``revised_at`` once a re-plan merge changed it."""
     task: dict[str, Any] = {"seq": row["seq"], "slug": row["slug"], "type": row["type"],
                             "depends": ftl_depends(row["depends"] or []),
                             "status": ftl_status(row["status"])}
@@ -571,6 +572,36 @@ def ftl_task(row: dict) -> dict[str, Any]:
         task["updated_at"] = row.get("updated_at")
     if row["status"] == "blocked" and row.get("blocked_by"):
         task["blocked_by"] = [ftl_seq_text(s) for s in row["blocked_by"]]
-    if row.get("revised_at") and row["status"] == "pending":
+    if row.get("revised_at"):
         task["revised_at"] = row["revised_at"]
     return task
+
+
+#: Keys FTL's ``plan.py read`` adds around a plan (its database record), not plan fields: FTL's
+#: REGISTER pipes that output into ``campaign.py add-tasks``, so they are dropped on input.
+FTL_PLAN_RECORD_KEYS = ("id", "version", "status", "created_at")
+
+#: Task fields FTL's planner writes, always shown in FTL's view of a plan task.
+_FTL_TASK_KEYS = ("seq", "slug", "type", "delta", "verify", "budget", "depends")
+
+
+def plan_input(raw: Any) -> Any:
+    """A plan as sent on input, without FTL's plan-record keys (`FTL_PLAN_RECORD_KEYS`) and
+    with ``campaign_id: null`` dropped (FTL's plan record for a plan written before a campaign)."""
+    if not isinstance(raw, dict):
+        return raw
+    plan = {k: v for k, v in raw.items() if k not in FTL_PLAN_RECORD_KEYS}
+    if plan.get("campaign_id") is None:
+        plan.pop("campaign_id", None)
+    return plan
+
+
+def ftl_plan_task(task) -> dict[str, Any]:
+    """A `ftl.models.Task` as FTL's plan shows it: the planner's keys, depends as the planner
+    writes it, then every other field only when it is not its default, extras as given."""
+    dumped = task.model_dump(mode="json", exclude_defaults=True)
+    full = task.model_dump(mode="json")
+    view = {k: full[k] for k in _FTL_TASK_KEYS}
+    view["depends"] = ftl_depends(task.depends)
+    view.update({k: v for k, v in dumped.items() if k not in view})
+    return view

@@ -20,8 +20,8 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (TASK_STATUS_ALIASES, Env, FtlRefusal, Reply, campaign_entry, command,
-                     fingerprint, ftl_seq_text, ftl_task, read_stdin_json, replan_input, run,
-                     script_group, violation, wrap)
+                     fingerprint, ftl_depends, ftl_seq_text, ftl_task, parse_json_text, plan_input,
+                     read_stdin_json, replan_input, run, script_group, violation, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("campaign.py", "Campaigns and their task DAG (FTL campaign.py).")
@@ -78,9 +78,15 @@ def add_tasks(env: Env) -> Reply:
     """
     from ftl.validation import parse_plan
 
-    plan = parse_plan(read_stdin_json("plan on standard input"), source="plan on standard input")
+    raw = plan_input(read_stdin_json("plan on standard input"))
     campaign = env.active()
     cid = campaign["campaign_id"]
+    if isinstance(raw, dict) and env.store.plan_versions(cid):
+        # FTL's REGISTER pipes `plan.py read` here, whose record drops the plan's campaign slug and
+        # framework confidence: take them from the saved plan so the same plan is not saved twice.
+        saved = env.store.get_plan(cid).model_dump(mode="json", by_alias=True)
+        raw = {**{k: saved[k] for k in ("campaign", "framework_confidence") if k not in raw}, **raw}
+    plan = parse_plan(raw, source="plan on standard input")
     seqs = env.store.add_tasks(cid, plan)
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
                   "plan_version": env.store.plan_versions(cid)[-1]},
@@ -402,7 +408,13 @@ def get_replan_input(env: Env) -> Reply:
     delivered/reason texts to a failed import and dropped the remaining specs (§8.2 item 9).
     """
     campaign = env.active(required=False)
-    return Reply(replan_input(env.store, campaign["campaign_id"]) if campaign else {})
+    if campaign is None:
+        return Reply({})
+    found = replan_input(env.store, campaign["campaign_id"])
+    ftl = {**found, "remaining_tasks": [
+        {"seq": t["seq"], "slug": t["slug"], "type": t.get("type", "BUILD"), "depends": ftl_depends(t.get("depends") or [])}
+        for t in found["remaining_tasks"]]}
+    return Reply(found, ftl=ftl)
 
 
 @command(cli, "merge-revised-plan")
@@ -417,22 +429,75 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
     and exited 0 on errors (§8.2 item 8). data: {merged, unchanged, added, plan_version}.
     Invalid plan, cycle or unknown dependency -> failure envelope, nothing saved (exit 2).
     """
-    campaign = env.active()
-    cid = campaign["campaign_id"]
-    plan = _load_revision(path, {r["seq"] for r in env.store.tasks(cid)})
-    return Reply(env.store.merge_revised_plan(cid, plan, max_new_tasks=env.config.max_replan_new_tasks))
+    try:
+        campaign = env.active()
+        cid = campaign["campaign_id"]
+        plan = _load_revision(env, cid, path)
+        merged = env.store.merge_revised_plan(cid, plan, max_new_tasks=env.config.max_replan_new_tasks)
+    except FtlRefusal:
+        raise
+    except FtlError as error:  # FTL printed {"error", "merged": 0, "unchanged": 0} and exited 0
+        raise FtlRefusal(error.error_type, error.details, message=error.message, ftl_exit=0,
+                         ftl_indent=2, ftl_payload={"error": _merge_error_text(error), "merged": 0,
+                                                    "unchanged": 0}) from None
+    ftl = {"merged": merged["merged"], "unchanged": merged["unchanged"]}
+    if merged["added"]:
+        ftl["added"] = merged["added"]  # FTL ignored new tasks (docs/ftl-compat.md)
+    return Reply(merged, ftl=ftl)
 
 
-def _load_revision(path: Path, existing: set[str]):
-    """Read and validate a revised plan that may list only the tasks it changes or adds.
+def _merge_error_text(error: FtlError) -> str:
+    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle)."""
+    if error.error_type == "not_found" and "plan file" in str(error.details.get("what", "")):
+        return "Revised plan not found"
+    if error.error_type == "not_found":
+        return "No active campaign"
+    if error.error_type == "cycle_detected":
+        return f"Cycle detected after merge: {error.details.get('cycle', '')}"
+    return error.message
 
-    A dependency on a campaign task the revision does not list is left to the store, which
-    checks the merged graph (FTL checked the merged task list too, §6.8).
+
+#: FTL's revision fragments name a task by seq and give only what changes (often just depends).
+_HEADER_KEYS = ("objective", "campaign", "framework", "framework_confidence", "idioms")
+
+
+def _load_revision(env: Env, cid: str, path: Path):
+    """Read a revised plan, complete it from the campaign's latest plan, and validate it.
+
+    A revision may be a fragment: ``{"tasks": [{"seq": "002", "depends": "none"}]}`` (FTL's
+    re-planner output). A task naming an existing seq takes the fields it gives over the current
+    spec; a missing plan header (objective, framework, idioms, ...) comes from the latest plan.
+    A new seq must be a whole task. The store checks the merged graph (FTL §6.8).
     Raises: FtlError(not_found | schema_invalid | cycle_detected).
     """
-    from ftl.validation import load_plan_file
+    from ftl.validation import parse_plan
 
-    return load_plan_file(path, known_seqs=existing)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        raise FtlError("not_found", {"what": f"plan file {path.name}"},
+                       message=f"The revised plan {path.name} cannot be read.") from None
+    raw = parse_json_text(text, f"plan file {path.name}")
+    if isinstance(raw, dict):
+        current = env.store.get_plan(cid).model_dump(mode="json", by_alias=True, exclude={"tasks"})
+        specs = {r["seq"]: r["spec"] for r in env.store.tasks(cid)}
+        raw = {**{k: current[k] for k in _HEADER_KEYS if k in current}, **plan_input(raw)}
+        if isinstance(raw.get("tasks"), list):
+            raw["tasks"] = [_complete_task(item, specs) for item in raw["tasks"]]
+    return parse_plan(raw, source=f"plan file {path.name}", known_seqs=set(specs) if isinstance(raw, dict) else ())
+
+
+def _complete_task(item: Any, specs: dict[str, dict]) -> Any:
+    """A revision task over the current spec of the same seq (fields it gives win)."""
+    from ftl.models import normalize_seq
+
+    if not isinstance(item, dict) or "seq" not in item:
+        return item
+    try:
+        seq = normalize_seq(item["seq"])
+    except (TypeError, ValueError):
+        return item
+    return {**specs[seq], **item} if seq in specs else item
 
 
 if __name__ == "__main__":
