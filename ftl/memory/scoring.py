@@ -138,8 +138,8 @@ _STOPWORDS = frozenset({"a", "an", "and", "are", "as", "at", "be", "by", "for", 
 
 
 def tokens(text: str) -> list[str]:
-    """Distinct lower-case alphanumeric words of ``text`` (FTS5 unicode61's split, ASCII-folded),
-    stopwords and one-letter words removed, in first-seen order."""
+    """Distinct lower-case alphanumeric words of ``text`` (FTS5 unicode61's split), stopwords and
+    one-letter words removed, in first-seen order. The index stems them (Porter)."""
     seen: dict[str, None] = {}
     for word in _TOKEN.findall((text or "").lower()):
         if len(word) > 1 and word not in _STOPWORDS:
@@ -153,23 +153,20 @@ def fts_query(text: str) -> str | None:
     return " OR ".join(f'"{w}"' for w in words) if words else None
 
 
-def relevance(bm25_score: float, best_bm25: float, query_words: list[str], entry_text: str) -> float:
+def relevance(bm25_score: float, best_bm25: float, coverage: float) -> float:
     """Relevance in [0, 1] of an FTS5 match.
 
     Args:
         bm25_score: the entry's ``bm25(memory_fts)`` (negative; more negative = better).
         best_bm25: the best (most negative) score among the matches of the same query.
-        query_words: `tokens` of the query.
-        entry_text: the entry's trigger and resolution.
+        coverage: the share of the query's words the entry matches (0-1).
 
     bm25 alone is relative to the corpus (with one entry its IDF is clamped near zero), so it
-    only orders the matches: relevance = (bm25 / best bm25) x share of the query's words present
-    in the entry. The best match covering every query word scores 1.0.
+    only orders the matches: relevance = (bm25 / best bm25) x coverage. The best match covering
+    every query word scores 1.0.
     """
-    if not query_words or best_bm25 >= 0:
+    if best_bm25 >= 0 or coverage <= 0:
         return 0.0
-    present = set(tokens(entry_text))
-    coverage = sum(1 for w in query_words if w in present) / len(query_words)
     return max(0.0, min(1.0, (bm25_score / best_bm25) * coverage))
 
 

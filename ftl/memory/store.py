@@ -71,7 +71,7 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS memory_feedback_seen (key TEXT PRIMARY KEY, created_at TEXT NOT NULL)",
     """CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
         trigger, resolution, content='memory_entry', content_rowid='id',
-        tokenize='unicode61 remove_diacritics 2')""",
+        tokenize='porter unicode61 remove_diacritics 2')""",
     """CREATE TRIGGER IF NOT EXISTS memory_entry_ai AFTER INSERT ON memory_entry BEGIN
         INSERT INTO memory_fts (rowid, trigger, resolution) VALUES (new.id, new.trigger, new.resolution);
     END""",
@@ -311,11 +311,12 @@ class MemoryStore:
     # ------------------------------------------------------------------ retrieval
 
     def _matches(self, conn: sqlite3.Connection, text: str, entry_type: str | None) -> dict[int, float]:
-        """Entry id -> relevance in [0, 1] for ``text`` (FTS5 bm25, see `scoring.relevance`)."""
+        """Entry id -> relevance in [0, 1] for ``text`` (FTS5 bm25 relative to the best match of
+        the same type, times the share of the query's words matched; `scoring.relevance`)."""
         expression = scoring.fts_query(text)
         if expression is None:
             return {}
-        query = ("SELECT e.id, e.trigger, e.resolution, bm25(memory_fts) AS rank FROM memory_fts "
+        query = ("SELECT e.id, e.type, bm25(memory_fts) AS rank FROM memory_fts "
                  "JOIN memory_entry e ON e.id = memory_fts.rowid WHERE memory_fts MATCH ?")
         args: list[Any] = [expression]
         if entry_type is not None:
@@ -324,9 +325,17 @@ class MemoryStore:
         rows = conn.execute(query, args).fetchall()
         if not rows:
             return {}
-        best = min(r["rank"] for r in rows)
+        best: dict[str, float] = {}  # per type: failures and patterns are ranked apart
+        for r in rows:
+            best[r["type"]] = min(best.get(r["type"], 0.0), r["rank"])
         words = scoring.tokens(text)
-        return {r["id"]: scoring.relevance(r["rank"], best, words, f"{r['trigger']} {r['resolution']}")
+        # Which query words each entry matches, by the same (Porter-stemmed) index.
+        hits: dict[int, int] = {}
+        for word in words:
+            for (rowid,) in conn.execute("SELECT rowid FROM memory_fts WHERE memory_fts MATCH ?",
+                                         (f'"{word}"',)):
+                hits[rowid] = hits.get(rowid, 0) + 1
+        return {r["id"]: scoring.relevance(r["rank"], best[r["type"]], hits.get(r["id"], 0) / len(words))
                 for r in rows}
 
     def context(self, *, objective: str | None = None, max_failures: int = 5, max_patterns: int = 3,
