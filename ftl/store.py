@@ -1015,16 +1015,27 @@ class Store:
                                 "WHERE campaign_id = ? ORDER BY id", (campaign_id,)).fetchall()
         return [{"mode": r[0], "status": r[1], "result": _loads(r[2]), "created_at": r[3]} for r in rows]
 
-    def save_exploration(self, campaign_id: str, exploration: dict) -> None:
+    def save_exploration(self, campaign_id: str, exploration: dict) -> int:
         """Save an aggregated exploration (FTL exploration row: ``{_meta, structure, pattern,
-        memory, delta}``). Raises: FtlError(schema_invalid) for non-JSON; FtlError(not_found)."""
+        memory, delta}``); return its row id (FTL ``write``'s id). Raises:
+        FtlError(schema_invalid) for non-JSON; FtlError(not_found)."""
         if not isinstance(exploration, dict):
             raise _violation("exploration", "must be a JSON object")
         encoded = _dumps(exploration, "exploration")
         with self._session(write=True) as conn:
             self._campaign_row(conn, campaign_id)
-            conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
-                         (campaign_id, encoded, self._now()))
+            return conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
+                                (campaign_id, encoded, self._now())).lastrowid
+
+    def clear_explorer_results(self, campaign_id: str) -> int:
+        """Delete the campaign's explorer results (FTL clear-session); return how many."""
+        with self._session(write=True) as conn:
+            return conn.execute("DELETE FROM explorer_result WHERE campaign_id = ?", (campaign_id,)).rowcount
+
+    def clear_explorations(self) -> int:
+        """Delete every aggregated exploration (FTL exploration.py clear); return how many."""
+        with self._session(write=True) as conn:
+            return conn.execute("DELETE FROM exploration").rowcount
 
     def exploration(self, campaign_id: str | None = None) -> dict | None:
         """The newest exploration of ``campaign_id`` (or of any campaign when None), or None."""

@@ -70,7 +70,7 @@ __all__ = [
     "violation", "no_active_campaign", "campaign_entry", "replan_input", "fingerprint",
     "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command", "FtlRefusal",
     "output_mode", "ftl_task", "ftl_seq_text", "ftl_depends", "ftl_status", "ftl_plan_task",
-    "plan_input", "FTL_PLAN_RECORD_KEYS",
+    "plan_input", "FTL_PLAN_RECORD_KEYS", "OUTPUT_OPTION", "EXIT_HELP",
 ]
 
 EXIT_OK = 0
@@ -107,6 +107,7 @@ class Reply:
     exit_code: int = EXIT_OK
     ftl: Any = _UNSET
     ftl_indent: int | None = 2
+    ftl_exit: int | None = None  # FTL's exit code when it differs from exit_code
 
 
 class FtlRefusal(FtlError):
@@ -138,19 +139,19 @@ OUTPUT_MODES = ("envelope", "ftl")
 
 
 def output_mode(argv: list[str]) -> str:
-    """``ftl`` or ``envelope``: ``--output X`` / ``--output=X`` before the command, else the
-    ``FTL_OUTPUT`` environment variable, else envelope. An unknown value means envelope (the
-    group's option then refuses it with a schema_invalid envelope)."""
+    """``ftl`` or ``envelope``: ``--output X`` / ``--output=X`` (no FTL command has an option of
+    that name), else the ``FTL_OUTPUT`` environment variable, else envelope. An unknown value
+    means envelope (the option then refuses it with a schema_invalid envelope)."""
     mode = os.environ.get("FTL_OUTPUT", "").strip().lower() or "envelope"
     for index, arg in enumerate(argv):
+        if arg == "--":
+            break
         if arg == "--output" and index + 1 < len(argv):
             mode = argv[index + 1].strip().lower()
             break
         if arg.startswith("--output="):
             mode = arg.split("=", 1)[1].strip().lower()
             break
-        if not arg.startswith("-") and (index == 0 or argv[index - 1] != "--repo"):
-            break  # the command name: later --output belongs to the command
     return mode if mode in OUTPUT_MODES else "envelope"
 
 
@@ -252,7 +253,7 @@ def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:
     else:
         if isinstance(result, Reply):
             _print_ftl(unwrap(result.data) if result.ftl is _UNSET else result.ftl, result.ftl_indent)
-            code = 0 if result.exit_code == EXIT_OK else result.exit_code
+            code = result.exit_code if result.ftl_exit is None else result.ftl_exit
         else:
             code = result if isinstance(result, int) else EXIT_OK
     _detach_repo_logs()
@@ -350,15 +351,18 @@ def no_active_campaign() -> FtlError:
                     message="No campaign is active; start one with `campaign.py create OBJECTIVE`.")
 
 
+OUTPUT_OPTION = click.option(
+    "--output", type=click.Choice(OUTPUT_MODES), default=None,
+    help="envelope (default) or ftl: print exactly what FTL's script printed (also FTL_OUTPUT=ftl).")
+
+
 def script_group(name: str, help_text: str) -> click.Group:
     """A click group with the shared ``--repo DIR`` option; commands get the `Env` as ``ctx.obj``."""
 
-    @click.group(name=name, help=help_text + "\n\n" + _EXIT_HELP)
+    @click.group(name=name, help=help_text + "\n\n" + EXIT_HELP)
     @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
                   show_default=True, help="Repository whose .ftl/ holds the store and event logs.")
-    @click.option("--output", type=click.Choice(OUTPUT_MODES), default=None,
-                  help="envelope (default) or ftl: print exactly what FTL's script printed "
-                       "(also FTL_OUTPUT=ftl).")
+    @OUTPUT_OPTION
     @click.pass_context
     def group(ctx: click.Context, repo: Path, output: str | None) -> None:
         ctx.obj = Env(repo)
@@ -367,7 +371,7 @@ def script_group(name: str, help_text: str) -> click.Group:
     return group
 
 
-_EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
+EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
               "`data` (arrays as {\"items\": [...]}, null as {}). With --output ftl (or "
               "FTL_OUTPUT=ftl) it prints exactly FTL's output instead. Exit codes: 0 success, 2 refused "
               "(bad input, unknown campaign/seq/plan, illegal transition), 1 internal or transient "

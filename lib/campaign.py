@@ -306,7 +306,7 @@ def complete(env: Env, summary: str | None) -> Reply:
     record = {**extra, **{k: counts[k] for k in ("total", "complete", "blocked", "pending", "running")},
               "outcome": outcome}
     finished = env.store.finish_campaign(cid, "complete", record)
-    prints = fingerprint(env.store, finished)
+    prints = _ftl_fingerprint(env, finished)
     return Reply({"status": finished["status"], "id": cid, "campaign_id": cid,
                   "objective": finished["objective"], "completed_at": finished["finished_at"],
                   "summary": finished["summary"], "outcome": outcome, "fingerprint": prints},
@@ -382,7 +382,7 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
         campaigns.append({"id": c["campaign_id"], "objective": c["objective"],
                           "framework": c["framework"], "status": c["status"],
                           "completed_at": c["finished_at"], "tasks": env.store.tasks(c["campaign_id"]),
-                          "summary": c["summary"], "fingerprint": fingerprint(env.store, c)})
+                          "summary": c["summary"], "fingerprint": _ftl_fingerprint(env, c)})
         if c["status"] == "complete":
             ftl.append({"objective": c["objective"], "framework": c["framework"],
                         "completed_at": c["finished_at"],
@@ -396,6 +396,77 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
                        message=f"Cannot write {out.name}: {exc.strerror or 'OS error'}.") from None
     return Reply({"campaigns": campaigns, "written": str(out), "count": len(campaigns)},
                  ftl={"campaigns": ftl})
+
+
+def _ftl_fingerprint(env: Env, campaign: dict) -> dict[str, Any]:
+    """FTL's fingerprint: as `fingerprint`, with delta files sorted (FTL used a sorted set)."""
+    found = fingerprint(env.store, campaign)
+    return {**found, "delta_files": sorted(found["delta_files"])}
+
+
+@command(cli, "fingerprint")
+def fingerprint_cmd(env: Env) -> Reply:
+    """The active campaign's fingerprint, for similarity with earlier campaigns.
+
+    data: {framework ("none" when unset), task_count, task_types, delta_files (<= 20, from the
+    campaign's exploration), objective_hash (md5[:8]), objective_preview (<= 100 chars)}, or
+    {} without an active campaign.
+    """
+    campaign = env.active(required=False)
+    return Reply(_ftl_fingerprint(env, campaign) if campaign else {}, ftl=_ftl_fingerprint(env, campaign) if campaign else {})
+
+
+#: FTL find-similar weights: objective 0.6, delta files 0.3, task count 0.1.
+_SIMILARITY_WEIGHTS = (0.6, 0.3, 0.1)
+
+
+def similarity(current: dict[str, Any], other: dict[str, Any]) -> float:
+    """FTL's campaign similarity of two fingerprints, in [0, 1]: 0.6 x objective similarity (the
+    share of distinct words the previews have in common, Jaccard; FTL: embeddings or difflib) +
+    0.3 x delta-file Jaccard + 0.1 x (1 - task-count difference / larger count)."""
+    from ftl.memory.scoring import tokens
+
+    words_a, words_b = set(tokens(current["objective_preview"])), set(tokens(other["objective_preview"]))
+    objective = len(words_a & words_b) / len(words_a | words_b) if words_a | words_b else 0.0
+    files_a, files_b = set(current["delta_files"]), set(other["delta_files"])
+    files = len(files_a & files_b) / len(files_a | files_b) if files_a and files_b else 0.0
+    count_a, count_b = current["task_count"], other["task_count"]
+    count = 1.0 - abs(count_a - count_b) / max(count_a, count_b) if count_a > 0 and count_b > 0 else 0.0
+    w_objective, w_files, w_count = _SIMILARITY_WEIGHTS
+    return w_objective * objective + w_files * files + w_count * count
+
+
+@command(cli, "find-similar")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Minimum similarity.")
+@click.option("--max", "max_results", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Most results.")
+def find_similar(env: Env, threshold: float, max_results: int) -> Reply:
+    """Finished campaigns similar to the active one (same framework unless it is "none").
+
+    data: {"items": [{archive (campaign id), similarity, fingerprint, outcome (complete |
+    partial), objective (<= 100 chars), patterns_from: [memory patterns it produced]}]},
+    most similar first; [] without an active campaign.
+    """
+    campaign = env.active(required=False)
+    if campaign is None:
+        return Reply(wrap([]), ftl=[])
+    current = _ftl_fingerprint(env, campaign)
+    patterns = env.store.memory_store().entries("pattern")
+    found = []
+    for other in _finished(env):
+        theirs = _ftl_fingerprint(env, other)
+        if current["framework"] != "none" and theirs["framework"] != current["framework"]:
+            continue
+        score = similarity(current, theirs)
+        if score >= threshold:
+            summary = other["summary"] if isinstance(other["summary"], dict) else {}
+            found.append({"archive": other["campaign_id"], "similarity": round(score, 3), "fingerprint": theirs,
+                          "outcome": "complete" if summary.get("outcome", "complete") == "complete" else "partial",
+                          "objective": other["objective"][:100],
+                          "patterns_from": [p["name"] for p in patterns if p.get("campaign_id") == other["campaign_id"]]})
+    found.sort(key=lambda item: -item["similarity"])
+    return Reply(wrap(found[:max_results]), ftl=found[:max_results])
 
 
 @command(cli, "get-replan-input")

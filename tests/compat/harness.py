@@ -4,7 +4,9 @@ FTL-style ``lib/*.py`` scripts, normalise what they print, compare with the gold
 Used by ``record_ftl.py`` (runs FTL's own scripts in subprocesses and writes the golden file)
 and by ``tests/test_ftl_compat.py`` (runs ftl's scripts in process with ``FTL_OUTPUT=ftl``).
 Normalisation replaces what legitimately differs between two runs: campaign / session ids,
-timestamps, and float noise (rounded to 6 places); everything else must be equal.
+timestamps, float noise (rounded to 6 places) and the order of memory ``source`` lists (FTL
+merged them through a Python set, so their order changes with the hash seed); everything else
+must be equal.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ Runner = Callable[[str, list[str], str, Path], tuple[int, str, str]]
 
 _TS = re.compile(r"^\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})?$")
 _FTL_CAMPAIGN_ID = re.compile(r"^c-\d{8}-\d{6}-[0-9a-f]{4}$")
-_ID_KEYS = {"campaign_id", "session_id"}
+_ID_KEYS = {"campaign_id", "session_id", "archive"}
+_PLACEHOLDER = re.compile(r"\{(\w+)\}")
 
 
 def load_sequence() -> dict[str, Any]:
@@ -40,9 +43,12 @@ def prepare(directory: Path, sequence: dict[str, Any]) -> None:
 
 
 def normalize(value: Any, key: str | None = None) -> Any:
-    """Ids -> "<id>", timestamps -> "<ts>", floats rounded to 6 places, recursively."""
+    """Ids -> "<id>", timestamps -> "<ts>", floats rounded to 6 places, ``source`` lists sorted,
+    recursively."""
     if isinstance(value, dict):
         return {k: normalize(v, k) for k, v in value.items()}
+    if key == "source" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return sorted(value)  # FTL merged sources through a set: its order is random
     if isinstance(value, list):
         return [normalize(v, key) for v in value]
     if isinstance(value, float):
@@ -78,8 +84,7 @@ def run_sequence(runner: Runner, directory: Path, sequence: dict[str, Any] | Non
         stdin = step.get("stdin", "")
         if isinstance(stdin, dict):
             stdin = json.dumps(sequence["plan"]) if stdin.get("plan") else outputs[stdin["from"]]
-        args = [a.format(**captured) if "{" in a and not a.startswith("{") and not a.startswith("[")
-                else a for a in step["args"]]
+        args = [_PLACEHOLDER.sub(lambda m: captured.get(m.group(1), m.group(0)), a) for a in step["args"]]
         code, out, _err = runner(step["script"], args, stdin, directory)
         outputs[step["id"]] = out
         for name, field in step.get("capture", {}).items():
