@@ -255,7 +255,8 @@ def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
     Returns:
         ``{"failures_extracted": [{name, trigger, result: added | merged | unchanged}],
         "patterns_extracted": [{name, score, breakdown, result}],
-        "feedback_recorded": {"helped": n, "not_helped": m},
+        "feedback_recorded": {"helped": n, "not_helped": m}, "relationships_added": k (co_occurs
+        links between this campaign's failures, FTL's rule),
         "workspaces": {"complete": n, "blocked": m, <other status>: k}}`` (counts of workspace
         attempts by status; feedback counted by `record_feedback`).
 
@@ -277,8 +278,13 @@ def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
         patterns_out = [{"name": p["name"], "score": p["score"], "breakdown": p["breakdown"],
                          "result": _store_entry(store, p, known)} for p in patterns]
         feedback = record_feedback(store, args.campaign_id, workspaces)
+        # FTL links the failures of one campaign to each other (co_occurs, both ways).
+        names = [f["name"] for f in failures]
+        memory = store.memory_store()
+        linked = sum(memory.add_relationship(a, b, "failure", "co_occurs") == "added"
+                     for i, a in enumerate(names) for b in names[i + 1:])
     counts: dict[str, int] = {"complete": 0, "blocked": 0}
     for ws in workspaces:
         counts[ws["status"]] = counts.get(ws["status"], 0) + 1
     return {"failures_extracted": failures_out, "patterns_extracted": patterns_out,
-            "feedback_recorded": feedback, "workspaces": counts}
+            "feedback_recorded": feedback, "relationships_added": linked, "workspaces": counts}
