@@ -413,7 +413,8 @@ def fingerprint_cmd(env: Env) -> Reply:
     {} without an active campaign.
     """
     campaign = env.active(required=False)
-    return Reply(_ftl_fingerprint(env, campaign) if campaign else {}, ftl=_ftl_fingerprint(env, campaign) if campaign else {})
+    found = _ftl_fingerprint(env, campaign) if campaign else {}
+    return Reply(found, ftl=found)
 
 
 #: FTL find-similar weights: objective 0.6, delta files 0.3, task count 0.1.
@@ -464,7 +465,8 @@ def find_similar(env: Env, threshold: float, max_results: int) -> Reply:
             found.append({"archive": other["campaign_id"], "similarity": round(score, 3), "fingerprint": theirs,
                           "outcome": "complete" if summary.get("outcome", "complete") == "complete" else "partial",
                           "objective": other["objective"][:100],
-                          "patterns_from": [p["name"] for p in patterns if p.get("campaign_id") == other["campaign_id"]]})
+                          "patterns_from": [p["name"] for p in patterns
+                                            if p.get("campaign_id") == other["campaign_id"]]})
     found.sort(key=lambda item: -item["similarity"])
     return Reply(wrap(found[:max_results]), ftl=found[:max_results])
 
@@ -483,7 +485,8 @@ def get_replan_input(env: Env) -> Reply:
         return Reply({})
     found = replan_input(env.store, campaign["campaign_id"])
     ftl = {**found, "remaining_tasks": [
-        {"seq": t["seq"], "slug": t["slug"], "type": t.get("type", "BUILD"), "depends": ftl_depends(t.get("depends") or [])}
+        {"seq": t["seq"], "slug": t["slug"], "type": t.get("type", "BUILD"),
+         "depends": ftl_depends(t.get("depends") or [])}
         for t in found["remaining_tasks"]]}
     return Reply(found, ftl=ftl)
 

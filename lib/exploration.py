@@ -119,7 +119,8 @@ def session_status(env: Env, session: str) -> Reply:
                                  env.config.explorer_quorum)
     progress.pop("modes")
     return Reply({"session_id": session, **progress, "total": len(progress["completed"])},
-                 ftl={"completed": _by_first_row(progress["completed"], env.store.explorer_results(campaign["campaign_id"])),
+                 ftl={"completed": _by_first_row(progress["completed"],
+                                                 env.store.explorer_results(campaign["campaign_id"])),
                       "missing": progress["missing"],
                       "total": len(progress["completed"]), "quorum_met": progress["quorum_met"]})
 

@@ -29,7 +29,8 @@ cli = script_group("observer.py", "Learn from finished workspaces (FTL observer.
 
 VERIFY_TIMEOUT_S = 30  # FTL verify_block timeout
 _ERROR_WORDS = ("FAIL", "ERROR", "EXCEPTION")
-_WORKSPACE_DIR = click.option("--workspace-dir", default=None, help="Accepted and ignored (FTL kept workspaces in the database too).")
+_WORKSPACE_DIR = click.option("--workspace-dir", default=None,
+                              help="Accepted and ignored (FTL kept workspaces in the database too).")
 
 
 def _latest_attempts(env: Env) -> list[dict]:

@@ -43,7 +43,7 @@ def main() -> int:
     GOLDEN.parent.mkdir(parents=True, exist_ok=True)
     GOLDEN.write_text(json.dumps({"source": f"enzokro/crinzo-plugins ftl/lib at {args.commit}",
                                   "steps": results}, indent=1) + "\n", encoding="utf-8")
-    print(f"{len(results)} steps written to {GOLDEN.relative_to(Path.cwd()) if GOLDEN.is_relative_to(Path.cwd()) else GOLDEN.name}")
+    print(f"{len(results)} steps written to tests/compat/golden/{GOLDEN.name}")
     return 0
 
 
