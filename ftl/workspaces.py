@@ -35,8 +35,14 @@ def first_line(text: str | None, limit: int = 200) -> str:
     return ""
 
 
-def _entry_view(entry: dict[str, Any]) -> dict[str, Any]:
-    return {k: entry[k] for k in _FTL_ENTRY_KEYS if k in entry}
+#: Counters that change as memory is read and rated: left out of the runner's workspaces, whose
+#: spec must stay the same across a crash and resume (it is digested into the task's commit).
+_VOLATILE_KEYS = frozenset({"access_count", "last_accessed", "importance", "times_helped", "times_failed",
+                            "_relevance", "_score", "_tier"})
+
+
+def _entry_view(entry: dict[str, Any], *, stable: bool = False) -> dict[str, Any]:
+    return {k: entry[k] for k in _FTL_ENTRY_KEYS if k in entry and not (stable and k in _VOLATILE_KEYS)}
 
 
 def build_workspace(*, campaign_id: str, plan: Plan, task: Task, attempt: int, timeout_s: float,
@@ -52,7 +58,9 @@ def build_workspace(*, campaign_id: str, plan: Plan, task: Task, attempt: int, t
         timeout_s: the task's wall-clock limit, s.
         tasks: the campaign's task rows from the store (status, delivered, block_reason).
         memory: what memory offers this task: a `MemoryStore.context` result ``{"failures":
-            [...], "patterns": [...]}`` or a list of entries (failures are kept, at most 5).
+            [...], "patterns": [...]}`` (kept with FTL's keys, as ``lib/workspace.py`` shows
+            them), or a list of entries (the runner's; failures only, at most 5, without the
+            read/feedback counters, so the spec is the same on resume).
 
     Returns: the `Workspace`; ``prior_knowledge`` is ``{failures: [memory entry], patterns:
     [memory entry], sibling_failures: [{name, trigger, fix, cost, source}], previous_attempts?:
@@ -83,7 +91,7 @@ def build_workspace(*, campaign_id: str, plan: Plan, task: Task, attempt: int, t
         failures = [_entry_view(e) for e in memory.get("failures") or []][:MEMORY_LIMIT]
         patterns = [_entry_view(e) for e in memory.get("patterns") or []][:PATTERN_LIMIT]
     else:
-        failures = [_entry_view(e) for e in memory or [] if e.get("type") == "failure"][:MEMORY_LIMIT]
+        failures = [_entry_view(e, stable=True) for e in memory or [] if e.get("type") == "failure"][:MEMORY_LIMIT]
         patterns = []
     prior: dict[str, Any] = {"failures": failures, "patterns": patterns, "sibling_failures": siblings}
     if previous:
