@@ -22,7 +22,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import EXIT_HELP, FtlRefusal, OUTPUT_OPTION, Reply, run, violation  # noqa: F401
+from _common import EXIT_HELP, OUTPUT_OPTION, FtlRefusal, Reply, run
 
 #: FTL's exit code per decision (FTL_OUTPUT=ftl only).
 FTL_EXIT = {"PROCEED": 0, "CLARIFY": 2, "CONFIRM": 3, "UNKNOWN": 1}

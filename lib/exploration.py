@@ -20,7 +20,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (EXPLORER_MODES, Env, Reply, command, explorer_progress, read_stdin_json, run,
-                     script_group, violation, wrap)
+                     script_group, violation)
 from ftl.errors import FtlError
 from ftl.store import format_ts
 

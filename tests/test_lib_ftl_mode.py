@@ -77,3 +77,34 @@ def test_generalised_trigger_matches_other_numbers_and_quoted_names() -> None:
     pattern = OBSERVER.generalize_to_regex("ImportError: cannot import 'tokenize' (line 12)")
     assert re.fullmatch(pattern, "ImportError: cannot import 'lex'  (line 7)")
     assert not re.fullmatch(pattern, "ValueError: cannot import 'lex' (line 7)")
+
+
+def _lib_module(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"_ftl_mode_{name}", LIB / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EXPLORATION = _lib_module("exploration")
+DECISIONS = _lib_module("decision_parser")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=40), st.just('x {"mode": "delta", "status": "ok"} y'),
+                          st.just('```json {"mode": "pattern"} ```')), max_size=6))
+def test_explorer_output_lines_parse_to_objects_or_are_skipped(lines: list[str]) -> None:
+    found = EXPLORATION._lines_as_results("\n".join(lines))
+    assert all(isinstance(item, dict) for item in found)
+    assert len(found) <= sum(1 for line in "\n".join(lines).splitlines() if line.strip())
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.text(alphabet=st.sampled_from("#:`{}[]\"' \nConfidence:PROCEEDCLARIFYtasks?1.-"), max_size=200))
+def test_any_planner_output_gives_a_decision(text: str) -> None:
+    result = DECISIONS.decide(text)
+    assert result["decision"] in DECISIONS.FTL_EXIT and isinstance(result["markers_found"], list)
+    if "plan_json" in result:
+        assert set(result["validation"]) == {"valid", "errors"}
