@@ -108,3 +108,15 @@ def test_any_planner_output_gives_a_decision(text: str) -> None:
     assert result["decision"] in DECISIONS.FTL_EXIT and isinstance(result["markers_found"], list)
     if "plan_json" in result:
         assert set(result["validation"]) == {"valid", "errors"}
+
+
+def test_memory_commands_in_the_envelope_carry_ftls_payload_and_ftls_extra_keys(tmp_path: Path) -> None:
+    entry = json.dumps({"name": "missing-dep", "trigger": "ModuleNotFoundError: No module named yaml",
+                        "fix": "pip install pyyaml", "cost": 1500})
+    added = json.loads(call(tmp_path, "memory", "add-failure", "--json", entry).stdout)
+    assert added["success"] and added["data"] == {"status": "added"}
+    found = json.loads(call(tmp_path, "memory", "context", "--objective", "yaml module").stdout)["data"]
+    assert [f["name"] for f in found["failures"]] == ["missing-dep"] and found["patterns"] == []
+    assert found["failures"][0]["occurrences"] == 1 and found["failures"][0]["_relevance"] == 1.0
+    bad = call(tmp_path, "memory", "add-failure", "--json", "[1]")
+    assert bad.returncode == 2 and json.loads(bad.stdout)["data"]["error_code"] == "VALIDATION_ERROR"
