@@ -618,6 +618,13 @@ class Store:
             raise FtlError("not_found", {"what": f"{what} of campaign {campaign_id}"})
         return Plan.model_validate_json(row[0])
 
+    def plan_saved_at(self, campaign_id: str, version: int) -> str | None:
+        """When plan ``version`` of the campaign was saved (RFC 3339 UTC), or None if unknown."""
+        with self._session() as conn:
+            row = conn.execute("SELECT created_at FROM plan WHERE campaign_id = ? AND version = ?",
+                               (campaign_id, version)).fetchone()
+        return None if row is None else row[0]
+
     def plan_versions(self, campaign_id: str) -> list[int]:
         """The campaign's saved plan versions, ascending."""
         with self._session() as conn:
@@ -1008,16 +1015,27 @@ class Store:
                                 "WHERE campaign_id = ? ORDER BY id", (campaign_id,)).fetchall()
         return [{"mode": r[0], "status": r[1], "result": _loads(r[2]), "created_at": r[3]} for r in rows]
 
-    def save_exploration(self, campaign_id: str, exploration: dict) -> None:
+    def save_exploration(self, campaign_id: str, exploration: dict) -> int:
         """Save an aggregated exploration (FTL exploration row: ``{_meta, structure, pattern,
-        memory, delta}``). Raises: FtlError(schema_invalid) for non-JSON; FtlError(not_found)."""
+        memory, delta}``); return its row id (FTL ``write``'s id). Raises:
+        FtlError(schema_invalid) for non-JSON; FtlError(not_found)."""
         if not isinstance(exploration, dict):
             raise _violation("exploration", "must be a JSON object")
         encoded = _dumps(exploration, "exploration")
         with self._session(write=True) as conn:
             self._campaign_row(conn, campaign_id)
-            conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
-                         (campaign_id, encoded, self._now()))
+            return conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
+                                (campaign_id, encoded, self._now())).lastrowid
+
+    def clear_explorer_results(self, campaign_id: str) -> int:
+        """Delete the campaign's explorer results (FTL clear-session); return how many."""
+        with self._session(write=True) as conn:
+            return conn.execute("DELETE FROM explorer_result WHERE campaign_id = ?", (campaign_id,)).rowcount
+
+    def clear_explorations(self) -> int:
+        """Delete every aggregated exploration (FTL exploration.py clear); return how many."""
+        with self._session(write=True) as conn:
+            return conn.execute("DELETE FROM exploration").rowcount
 
     def exploration(self, campaign_id: str | None = None) -> dict | None:
         """The newest exploration of ``campaign_id`` (or of any campaign when None), or None."""
@@ -1031,23 +1049,23 @@ class Store:
 
     # ------------------------------------------------------------------ memory
 
-    @staticmethod
-    def _memory_dict(row: sqlite3.Row) -> dict:
-        entry = _loads(row["entry"]) or {}
-        entry.update({"name": row["name"], "type": row["type"], "trigger": row["trigger"],
-                      "source": _loads(row["source"]), "campaign_id": row["campaign_id"],
-                      "occurrences": row["occurrences"], "created_at": row["created_at"],
-                      "updated_at": row["updated_at"]})
-        return entry
+    def memory_store(self):
+        """This store's `ftl.memory.MemoryStore` (failures and patterns across campaigns; its SQL
+        lives in ``ftl/memory/store.py``)."""
+        if getattr(self, "_memory", None) is None:
+            from ftl.memory import MemoryStore
+
+            self._memory = MemoryStore(self)
+        return self._memory
 
     def add_memory(self, entry: dict) -> dict:
-        """Add a failure or success pattern (FTL memory, simplified: no embeddings or graph).
+        """Record a failure or success pattern the runner extracted (no quality gate).
 
         ``entry``: ``{name, type: failure|pattern, trigger, fix (failure) | insight (pattern),
-        source: [..], campaign_id, ...}``; extra keys are kept. An entry with the same
-        ``(name, type)`` is not duplicated: its ``occurrences`` goes up by one and the sources are
-        united; the first text is kept. Returns the stored dict with ``occurrences``,
-        ``created_at``, ``updated_at``.
+        cost | saved?, source: [..], campaign_id, ...}``; extra keys are kept. An entry with the
+        same ``(name, type)`` (or, for failures, a trigger more than 85 % similar) is not
+        duplicated: its ``occurrences`` goes up by one and the sources are united. Returns the
+        stored entry (`ftl.memory.MemoryStore.get` shape).
 
         Raises: FtlError(schema_invalid) naming the missing or malformed key.
         """
@@ -1063,33 +1081,11 @@ class Store:
         text_key = "fix" if kind == "failure" else "insight"
         if not isinstance(entry.get(text_key), str):
             raise _violation(f"memory.{text_key}", f"a {kind} entry needs a {text_key} string")
-        source = entry.get("source") or []
-        if isinstance(source, str):
-            source = [source]
-        if not isinstance(source, list):
-            raise _violation("memory.source", "must be a list of strings")
-        body = {k: v for k, v in entry.items() if k not in ("name", "type", "trigger", "source",
-                                                            "campaign_id", "occurrences",
-                                                            "created_at", "updated_at")}
-        encoded = _dumps(body, "memory")
-        with self._session(write=True) as conn:
-            now = self._now()
-            row = conn.execute("SELECT * FROM memory WHERE name = ? AND type = ?", (name, kind)).fetchone()
-            if row is None:
-                conn.execute("INSERT INTO memory (name, type, trigger, entry, source, campaign_id, "
-                             "created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                             (name, kind, trigger, encoded, _dumps(source, "memory.source"),
-                              entry.get("campaign_id"), now, now))
-            else:
-                merged = list(_loads(row["source"]) or [])
-                merged += [s for s in source if s not in merged]
-                conn.execute("UPDATE memory SET occurrences = occurrences + 1, source = ?, updated_at = ? "
-                             "WHERE id = ?", (_dumps(merged, "memory.source"), now, row["id"]))
-            row = conn.execute("SELECT * FROM memory WHERE name = ? AND type = ?", (name, kind)).fetchone()
-            return self._memory_dict(row)
+        return self.memory_store().record(entry)
 
-    def memory(self, type: str | None = None, limit: int = 50) -> list[dict]:
-        """Memory entries, most frequent first (then most recently seen), at most ``limit``.
+    def memory(self, type: str | None = None, limit: int = 50, objective: str | None = None) -> list[dict]:
+        """Memory entries, most important first, at most ``limit``; with ``objective``, the
+        entries ranked for it (`ftl.memory.MemoryStore.context`, which also counts them as read).
 
         Raises: FtlError(schema_invalid) for an unknown type or a negative limit.
         """
@@ -1097,13 +1093,9 @@ class Store:
             raise _violation("type", f"must be one of {', '.join(MEMORY_TYPES)}, got {type!r}")
         if limit < 0:
             raise _violation("limit", "must be >= 0")
-        query = "SELECT * FROM memory"
-        args: tuple = ()
-        if type is not None:
-            query += " WHERE type = ?"
-            args = (type,)
-        with self._session() as conn:
-            rows = conn.execute(query + " ORDER BY occurrences DESC, updated_at DESC, id DESC LIMIT ?",
-                                args + (limit,)).fetchall()
-        return [self._memory_dict(r) for r in rows]
-
+        memory = self.memory_store()
+        if objective:
+            found = memory.context(objective=objective, max_failures=limit if type != "pattern" else 0,
+                                   max_patterns=limit if type != "failure" else 0)
+            return (found["failures"] + found["patterns"])[:limit]
+        return memory.entries(type, limit)
