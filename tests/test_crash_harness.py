@@ -22,8 +22,9 @@ run command is wrapped to append ``start <ns> <pgid>`` to a marker file outside 
 before it runs, and ``done <ns> <pgid>`` once it has exited 0.
 
 A kill lands at a seeded random moment (`pick_kill`: in start-up at a random time, later
-once the log has a random number of lines, plus up to 15 ms or up to 0.7 s). Then ``ftl campaign resume`` runs (a user would
-run it even when nothing seems to be there) until the campaign ends. Counted per trial, and per
+once the log has a random number of lines, plus up to 15 ms or up to 0.7 s). Then ``ftl
+campaign resume`` runs (a user would run it even when nothing seems to be there) until the
+campaign ends. Counted per trial, and per
 mode in the table printed at the end of the session:
 
 - ``lost``: tasks whose final state differs from a clean run's (all of them when the campaign
@@ -69,7 +70,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 from hypothesis import given, strategies as st
@@ -91,8 +91,6 @@ ORPHAN_GRACE_S = 0.2  # a process dying of its parent's death is given this long
 LOAD_LIMIT_S = 300.0  # a busy loop ends by itself after this, whatever happens to the harness
 TOKEN_VAR = "FTL_HARNESS_TRIAL"  # in every trial process's environment: ownership, before a signal
 
-#: Counts a mode is known to show on today's code, with the issue item that removes them. Such
-#: counts make the mode's test xfail; any other count fails it. Remove an entry with its fix.
 _ITEM1 = ("issue 16 item 1: the builder's checkpoint is written by its top shell, which dies of its "
           "parent-death signal with the tool server, while the run command's subshell lives on and "
           "completes unrecorded, so resume runs it again")
@@ -100,6 +98,8 @@ _ITEM1_ORPHAN = ("issue 16 items 1 and 3: a run command's subshell outlives the 
                  "completes after the resume began")
 _ITEM2 = ("issue 16 item 2: the campaign is recorded only after the CLI import and the tool server's "
           "boot; a kill before that leaves nothing and resume answers 'not found'")
+#: Counts a mode is known to show on today's code, with the issue item that removes them. Such
+#: counts make the mode's test xfail; any other count fails it. Remove an entry with its fix.
 KNOWN_DEFECTS: dict[str, dict[str, str]] = {
     "group": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
     "double": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
@@ -241,7 +241,8 @@ class CpuLoad:
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> "CpuLoad":
-        loop = f"import time\nend = time.monotonic() + {self.limit_s}\nwhile time.monotonic() < end:\n    pass\n"
+        loop = (f"import time\nend = time.monotonic() + {self.limit_s}\n"
+                "while time.monotonic() < end:\n    pass\n")
         for _ in range(self.cores):
             self.procs.append(subprocess.Popen([sys.executable, "-c", loop], stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL))
@@ -657,8 +658,9 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
                          style="pid" if mode == "pid" else "group")
         resume_kill = None
         if mode == "double":
+            done_lines = first.after_lines or scenario.lines // 2
             resume_kill = pick_kill(mode, scenario, rng, from_lines=trial.log_lines(),
-                                    lines_left=scenario.lines - (first.after_lines or scenario.lines // 2), resume=True)
+                                    lines_left=scenario.lines - done_lines, resume=True)
         for _ in range(4):
             if code is not None:
                 break
@@ -686,7 +688,8 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
              if statuses.get(s) != scenario.expected.get(s)}
     counts["lost"] = len(wrong)
     if wrong:
-        problems.append(f"{len(wrong)} task(s) end unlike a clean run (got, clean): {dict(sorted(wrong.items()))}")
+        problems.append(f"{len(wrong)} task(s) end unlike a clean run (got, clean): "
+                        f"{dict(sorted(wrong.items()))}")
     blocked_by = {seq: t["blocked_by"] for seq, t in tasks.items() if t["blocked_by"]}
     if tasks and blocked_by != scenario.blocked_by:
         counts["other"] += 1
@@ -766,7 +769,8 @@ class CrashTable:
         for mode in MODES:
             if mode in self.rows:
                 row = self.rows[mode]
-                lines.append(f"{mode:<8} " + " ".join(str(row[key]).rjust(w) for key, w in zip(COUNTS, widths)))
+                cells = (str(row[key]).rjust(width) for key, width in zip(COUNTS, widths))
+                lines.append(f"{mode:<8} " + " ".join(cells))
         return lines
 
     def pytest_terminal_summary(self, terminalreporter) -> None:  # pytest hook
@@ -807,7 +811,9 @@ def test_sigkill_then_resume_changes_nothing(mode: str, scenarios: dict[str, Sce
     kinds = _failure_kinds(outcomes)
     known = KNOWN_DEFECTS.get(mode, {})
     if kinds and kinds <= set(known):
-        pytest.xfail("; ".join(f"{kind}: {known[kind]}" for kind in sorted(kinds)))
+        seeds_hit = ", ".join(f"{o.seed} ({'/'.join(sorted(_failure_kinds([o])))})" for o in failing)
+        pytest.xfail(f"known defects in trial seeds {seeds_hit}: "
+                     + "; ".join(f"{kind}: {known[kind]}" for kind in sorted(kinds)))
     assert not failing, (f"{len(failing)} of {len(seeds)} trial(s) of mode {mode} went wrong "
                          f"(FTL_CRASH_SEED={SEED}):\n{report}")
 
