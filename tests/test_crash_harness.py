@@ -36,7 +36,9 @@ mode in the table printed at the end of the session:
 - ``orphan_done``: run commands of a killed ``ftl`` that completed after a resume started
   (a builder still changing the repository under the resume);
 - ``orphans``: processes of a killed ``ftl`` (its tool server, the builders' process groups)
-  still alive 0.2 s after a resume started (for information: a resume may reap them);
+  still alive 0.2 s after a resume started, and ``orphan_ms``, the longest any of them was
+  seen alive after the kill (the table shows the largest): for information, a resume may reap
+  them;
 - ``left``: processes of the trial still running `SETTLE_S` after the last ``ftl`` exited
   (the harness then stops them);
 - ``other``: the exit code or the log's crash count differ from the kills, the store fails its
@@ -108,8 +110,9 @@ KNOWN_DEFECTS: dict[str, dict[str, str]] = {
 }
 
 COUNTS = ("trials", "kills", "lost", "twice", "resume_fail", "violations", "orphan_done",
-          "orphans", "left", "other")
-INFORMATIVE = frozenset({"trials", "kills", "orphans"})
+          "orphans", "orphan_ms", "left", "other")
+INFORMATIVE = frozenset({"trials", "kills", "orphans", "orphan_ms"})
+MAXIMA = frozenset({"orphan_ms"})  # the table shows the largest, not the sum
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="SIGKILL harness needs Linux /proc")
 
@@ -439,6 +442,7 @@ class _Trial:
         self.killed_pgids: set[int] = set()  # process groups of killed ftl invocations
         self.resume_starts_ns: list[int] = []
         self.orphans_at_resume: list[list[int]] = []
+        self.orphan_ms = 0  # the latest a killed run's process was seen alive, after its kill
         self.left_running: list[int] = []
         self.codes: list[tuple[str, int | None]] = []
 
@@ -493,19 +497,30 @@ class _Trial:
         return False
 
     def resume(self, kill: KillPoint | None = None) -> int | None:
-        """``ftl campaign resume``; first notes the killed runs' processes still alive."""
+        """``ftl campaign resume``, watching the killed runs' processes while it runs: those
+        alive `ORPHAN_GRACE_S` after it started, and how long after the last kill the last of
+        them was seen (`orphan_ms`, polled every 50 ms)."""
         self.resume_starts_ns.append(time.time_ns())
         code_holder: list[int | None] = []
         worker = threading.Thread(target=lambda: code_holder.append(self.run(["campaign", "resume"], kill)))
         worker.start()
         time.sleep(ORPHAN_GRACE_S)
-        self.orphans_at_resume.append(trial_processes(self.killed_groups(), self.token.encode()))
+        groups, token = self.killed_groups(), self.token.encode()
+        alive = trial_processes(groups, token)
+        self.orphans_at_resume.append(alive)
+        while alive and worker.is_alive():
+            self.orphan_ms = max(self.orphan_ms, (time.time_ns() - self.last_kill_ns()) // 1_000_000)
+            time.sleep(0.05)
+            alive = trial_processes(groups, token)
         worker.join()
         return code_holder[0] if code_holder else None
 
+    def last_kill_ns(self) -> int:
+        return max((kill["at_ns"] for kill in self.kills), default=0)
+
     def killed_groups(self) -> set[int]:
         """Process groups of killed ftl invocations and of the builders they had started."""
-        last_kill = max((kill["at_ns"] for kill in self.kills), default=0)
+        last_kill = self.last_kill_ns()
         return self.killed_pgids | {m.pgid for marks in self.marks().values() for m in marks
                                     if m.kind == "start" and m.ns < last_kill}
 
@@ -677,6 +692,7 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
     trial.settle()
     counts["kills"] = len(trial.kills)
     counts["orphans"] = sum(len(found) for found in trial.orphans_at_resume)
+    counts["orphan_ms"] = trial.orphan_ms
     counts["left"] = len(trial.left_running)
     if trial.left_running:
         problems.append(f"{len(trial.left_running)} process(es) still running {SETTLE_S:.0f} s after "
@@ -760,7 +776,8 @@ class CrashTable:
         with self.lock:
             row = self.rows.setdefault(outcome.mode, dict.fromkeys(COUNTS, 0))
             for key in COUNTS:
-                row[key] += outcome.counts.get(key, 0)
+                value = outcome.counts.get(key, 0)
+                row[key] = max(row[key], value) if key in MAXIMA else row[key] + value
 
     def render(self) -> list[str]:
         widths = [max(7, len(key)) for key in COUNTS]
@@ -846,6 +863,18 @@ def test_kill_points_fall_in_their_windows() -> None:
         assert 1 <= pick_kill("load", scenario, rng).after_lines <= 79
         resume = pick_kill("double", scenario, rng, from_lines=50, lines_left=30, resume=True)
         assert 51 <= (resume.after_lines or 51) <= 80 and 0.3 <= (resume.after_s or 0.3) <= 1.5
+
+
+def test_crash_table_sums_counts_and_keeps_the_longest_orphan() -> None:
+    table = CrashTable()
+    table.add(TrialOutcome("pid", 1, "timed", counts={"trials": 1, "twice": 1, "orphan_ms": 900}))
+    table.add(TrialOutcome("pid", 2, "wide", counts={"trials": 1, "twice": 2, "orphan_ms": 300}))
+    table.add(TrialOutcome("group", 3, "drill", counts={"trials": 1, "lost": 6}))
+    assert table.rows["pid"]["twice"] == 3 and table.rows["pid"]["orphan_ms"] == 900
+    head, group, pid = table.render()
+    assert head.split() == ["mode", *COUNTS]
+    assert group.split()[0] == "group" and pid.split()[0] == "pid"  # in MODES order
+    assert dict(zip(head.split(), pid.split()))["orphan_ms"] == "900"
 
 
 _marks = st.lists(st.builds(Mark, st.sampled_from(["start", "done"]), st.integers(0, 10**19),
