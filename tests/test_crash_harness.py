@@ -72,6 +72,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Iterable
 
 import pytest
 from hypothesis import given, strategies as st
@@ -98,12 +99,15 @@ _ITEM1 = ("issue 16 item 1: the builder's checkpoint is written by its top shell
           "completes unrecorded, so resume runs it again")
 _ITEM1_ORPHAN = ("issue 16 items 1 and 3: a run command's subshell outlives the killed tool server and "
                  "completes after the resume began")
+_ITEM3 = ("issue 16 item 3: the tool server outlives a kill of the ftl pid (until it reads EOF) and "
+          "a builder it started completes after the resume began")
 _ITEM2 = ("issue 16 item 2: the campaign is recorded only after the CLI import and the tool server's "
           "boot; a kill before that leaves nothing and resume answers 'not found'")
 #: Counts a mode is known to show on today's code, with the issue item that removes them. Such
 #: counts make the mode's test xfail; any other count fails it. Remove an entry with its fix.
 KNOWN_DEFECTS: dict[str, dict[str, str]] = {
     "group": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
+    "pid": {"orphan_done": _ITEM3},
     "double": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
     "load": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
     "startup": {"lost": _ITEM2, "resume_fail": _ITEM2},
@@ -621,8 +625,12 @@ class _Trial:
         if self.left_running:
             lines.append(f"still running after the last ftl exited (stopped): {self.left_running}")
         kill_ns = self.kills[0]["at_ns"] if self.kills else None
+        last_kill = self.last_kill_ns()
         for seq, marks in self.marks().items():
-            if sum(m.kind == "done" for m in marks) != 1:
+            done_after_kill = kill_ns is not None and any(
+                m.kind == "start" and m.ns < last_kill for m in marks) and any(
+                m.kind == "done" and m.ns > kill_ns for m in marks)
+            if sum(m.kind == "done" for m in marks) != 1 or done_after_kill:
                 rel = [f"{m.kind} {(m.ns - kill_ns) / 1e6:+.1f} ms pg {m.pgid}" if kill_ns else m
                        for m in marks]
                 lines.append(f"task {seq} marks (relative to the first kill): {rel}")
@@ -657,6 +665,44 @@ class TrialOutcome:
     counts: dict[str, int] = field(default_factory=dict)
     problems: list[str] = field(default_factory=list)
     evidence: str = ""
+
+
+def count_marks(marks: dict[str, list[Mark]], statuses: dict[str, str], seqs: Iterable[str],
+                kills_ns: list[int], resume_starts_ns: list[int]) -> tuple[dict[str, int], list[str]]:
+    """Judge the marker files of one trial.
+
+    Args:
+        marks: per task seq, its marks in file order.
+        statuses: per task seq, its final status in the store.
+        seqs: every task of the plan.
+        kills_ns, resume_starts_ns: wall-clock moments (ns) of each kill and each resume launch.
+
+    Returns: ({"twice", "orphan_done", "other"} counts, one problem sentence per count). A
+    ``done`` is an orphan's when its builder group started before a kill and it came after a
+    resume launched after that kill.
+    """
+    counts = {"twice": 0, "orphan_done": 0, "other": 0}
+    problems: list[str] = []
+    for seq, task_marks in sorted(marks.items()):
+        done = [m for m in task_marks if m.kind == "done"]
+        if len(done) > 1:
+            counts["twice"] += 1
+            problems.append(f"task {seq}'s run command completed {len(done)} times")
+        if statuses.get(seq) == "complete" and not done:
+            counts["other"] += 1
+            problems.append(f"task {seq} is complete but its run command never completed")
+        starts = {m.pgid: m.ns for m in task_marks if m.kind == "start"}
+        for mark in done:
+            began = starts.get(mark.pgid)
+            if began is not None and any(began < k < r < mark.ns for k in kills_ns for r in resume_starts_ns):
+                counts["orphan_done"] += 1
+                problems.append(f"task {seq}'s run command, started before a kill, completed after the "
+                                "resume began (an orphan changing the repository under the resume)")
+    for seq in sorted(set(seqs) - set(marks)):
+        if statuses.get(seq) == "complete":
+            counts["other"] += 1
+            problems.append(f"task {seq} is complete but its run command never started")
+    return counts, problems
 
 
 def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOutcome:
@@ -711,28 +757,11 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
         counts["other"] += 1
         problems.append(f"blocked roots {blocked_by}, clean run {scenario.blocked_by}")
 
-    killed_ns = [kill["at_ns"] for kill in trial.kills]
-    for seq, marks in trial.marks().items():
-        done = [m for m in marks if m.kind == "done"]
-        if len(done) > 1:
-            counts["twice"] += 1
-            problems.append(f"task {seq}'s run command completed {len(done)} times")
-        if statuses.get(seq) == "complete" and not done:
-            counts["other"] += 1
-            problems.append(f"task {seq} is complete but its run command never completed")
-        starts = {m.pgid: m.ns for m in marks if m.kind == "start"}
-        for mark in done:  # a builder started before a kill, done after a later resume began
-            began = starts.get(mark.pgid)
-            if began is None or not any(began < k for k in killed_ns):
-                continue
-            if any(began < k and mark.ns > r for k in killed_ns for r in trial.resume_starts_ns if r > k):
-                counts["orphan_done"] += 1
-                problems.append(f"task {seq}'s run command, started before a kill, completed after the "
-                                "resume began (an orphan changing the repository under the resume)")
-    for seq in sorted(set(scenario.expected) - set(trial.marks())):
-        if statuses.get(seq) == "complete":
-            counts["other"] += 1
-            problems.append(f"task {seq} is complete but its run command never started")
+    marked, marking_problems = count_marks(trial.marks(), statuses, scenario.expected,
+                                           [kill["at_ns"] for kill in trial.kills], trial.resume_starts_ns)
+    for key, value in marked.items():
+        counts[key] += value
+    problems.extend(marking_problems)
 
     result = trial.replayed()
     story_code = result.exit_code if result is not None else None
@@ -863,6 +892,30 @@ def test_kill_points_fall_in_their_windows() -> None:
         assert 1 <= pick_kill("load", scenario, rng).after_lines <= 79
         resume = pick_kill("double", scenario, rng, from_lines=50, lines_left=30, resume=True)
         assert 51 <= (resume.after_lines or 51) <= 80 and 0.3 <= (resume.after_s or 0.3) <= 1.5
+
+
+def test_count_marks_finds_doubles_orphans_and_unexplained_completions() -> None:
+    kill, resume = 1_000, 2_000
+    marks = {
+        "001": [Mark("start", 500, 11), Mark("done", 900, 11)],  # done before the kill: fine
+        "002": [Mark("start", 600, 12), Mark("done", 2_500, 12),  # an orphan, done under resume
+                Mark("start", 2_100, 20), Mark("done", 2_400, 20)],  # and the resume's own run
+        "003": [Mark("start", 700, 13), Mark("done", 1_500, 13)],  # orphan done before resume
+        "004": [Mark("start", 2_200, 21)],  # complete without a completion
+    }
+    statuses = {"001": "complete", "002": "complete", "003": "complete", "004": "complete",
+                "005": "complete"}
+    counts, problems = count_marks(marks, statuses, statuses, [kill], [resume])
+    assert counts == {"twice": 1, "orphan_done": 1, "other": 2}
+    assert problems == [
+        "task 002's run command completed 2 times",
+        "task 002's run command, started before a kill, completed after the resume began "
+        "(an orphan changing the repository under the resume)",
+        "task 004 is complete but its run command never completed",
+        "task 005 is complete but its run command never started"]
+    clean = {"001": marks["001"]}
+    assert count_marks(clean, {"001": "complete"}, ["001"], [], []) == (
+        {"twice": 0, "orphan_done": 0, "other": 0}, [])
 
 
 def test_crash_table_sums_counts_and_keeps_the_longest_orphan() -> None:
