@@ -106,11 +106,18 @@ def test_campaign_blocks_each_refused_task_with_its_gate(tmp_path: Path) -> None
         assert "no-production-deploys" not in reason and "release process" not in reason
 
     repo = tmp_path / "governance"
-    # What ran and what never did.
-    assert "four governance gates" in (repo / "docs" / "CHANGES.md").read_text()
-    assert "Governance gates" in (repo / "release" / "NOTES.md").read_text()
-    assert (repo / "release" / "VERSION").read_text() == "1.0.0\n"
-    assert "replicas = 3" in (repo / "deploy" / "production.toml").read_text()
+    branch = envelope["data"]["summary"]["integration_branch"]
+
+    def integrated(path: str) -> str:
+        return subprocess.run(["git", "show", f"{branch}:{path}"], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout
+
+    # What ran and what never did (on the campaign's branch; the checkout is untouched).
+    assert "four governance gates" in integrated("docs/CHANGES.md")
+    assert "four governance gates" not in (repo / "docs" / "CHANGES.md").read_text()
+    assert "Governance gates" in integrated("release/NOTES.md")
+    assert integrated("release/VERSION") == "1.0.0\n"
+    assert "replicas = 3" in integrated("deploy/production.toml")
     logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
     assert replay(logs).violations == []
     events = list(read_events(logs[0]))
