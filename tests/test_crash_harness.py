@@ -322,6 +322,8 @@ def _ftl_toml(repo: Path) -> None:
 
 @dataclass
 class Scenario:
+    """A plan and its repository template, with what a clean run of it gives (`_clean_run`)."""
+
     name: str
     template: Path
     plan: dict
@@ -378,6 +380,10 @@ def _clean_run(scenario: Scenario, where: Path) -> None:
     assert code == scenario.exit_code, trial.evidence("clean run")
     assert {seq: t["status"] for seq, t in tasks.items()} == scenario.expected, trial.evidence("clean run")
     assert trial.replayed().violations == []
+    statuses = {seq: t["status"] for seq, t in tasks.items()}
+    marked, problems = count_marks(trial.marks(), statuses, scenario.expected, [])
+    assert problems == [], problems  # the marks work: one completion per complete task
+    assert sum(marked.values()) == 0 and any(trial.marks().values())
     scenario.lines = trial.log_lines()
     first_task = trial.first_event_time("TASK_START")
     assert first_task is not None, trial.evidence("clean run")
