@@ -78,6 +78,7 @@ from typing import Iterable
 import pytest
 from hypothesis import given, strategies as st
 
+from ftl.events import read_events
 from ftl.replay import replay
 from ftl.store import Store
 
@@ -95,23 +96,11 @@ ORPHAN_GRACE_S = 0.2  # a process dying of its parent's death is given this long
 LOAD_LIMIT_S = 300.0  # a busy loop ends by itself after this, whatever happens to the harness
 TOKEN_VAR = "FTL_HARNESS_TRIAL"  # in every trial process's environment: ownership, before a signal
 
-_ITEM1 = ("issue 16 item 1: the builder's checkpoint is written by its top shell, which dies of its "
-          "parent-death signal with the tool server, while the run command's subshell lives on and "
-          "completes unrecorded, so resume runs it again")
-_ITEM1_ORPHAN = ("issue 16 items 1 and 3: a run command's subshell outlives the killed tool server and "
-                 "completes after the resume began")
-_ITEM3 = ("issue 16 item 3: the tool server outlives a kill of the ftl pid (until it reads EOF) and "
-          "a builder it started completes after the resume began (and may complete a command the "
-          "resume runs again)")
 _ITEM2 = ("issue 16 item 2: the campaign is recorded only after the CLI import and the tool server's "
           "boot; a kill before that leaves nothing and resume answers 'not found'")
 #: Counts a mode is known to show on today's code, with the issue item that removes them. Such
 #: counts make the mode's test xfail; any other count fails it. Remove an entry with its fix.
 KNOWN_DEFECTS: dict[str, dict[str, str]] = {
-    "group": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
-    "pid": {"orphan_done": _ITEM3, "twice": _ITEM3},
-    "double": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
-    "load": {"twice": _ITEM1, "orphan_done": _ITEM1_ORPHAN},
     "startup": {"lost": _ITEM2, "resume_fail": _ITEM2},
 }
 
@@ -616,9 +605,48 @@ class _Trial:
         finally:
             store.close()
 
+    def git_problems(self) -> list[str]:
+        """Worktree campaigns: every task commit integrated at most once, and a clean
+        ``git fsck`` (a replaced attempt's commit may dangle; nothing may be broken)."""
+        def git(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run(["git", *args], cwd=self.repo, capture_output=True, text=True)
+
+        branches = git("for-each-ref", "--format=%(refname:short)", "refs/heads/ftl/").stdout.split()
+        problems = []
+        for branch in (b for b in branches if b.endswith("/integration")):
+            tasks = git("log", "--no-merges", "--format=%(trailers:key=Ftl-Task,valueonly)",
+                        branch).stdout.split()
+            twice = sorted({seq for seq in tasks if tasks.count(seq) > 1})
+            if twice:
+                problems.append(f"task(s) {twice} integrated more than once on {branch}")
+        fsck = git("fsck", "--no-progress", "--no-dangling")
+        if fsck.returncode != 0 or fsck.stdout.strip():
+            problems.append(f"git fsck: {(fsck.stdout + fsck.stderr).strip()[:500]}")
+        return problems
+
     def replayed(self):
         log = self.log()
         return replay([log]) if log else None
+
+    def resumes(self) -> list[tuple[int, int]]:
+        """(launched, works from) in ns for each resume: a resume first waits for what the
+        killed run left running (``RECOVERY_ATTEMPT reap_orphans``) and only then runs tasks,
+        so a leftover finishing before that is a finished build, not an orphan."""
+        log = self.log()
+        segments: list[tuple[int, int]] = []  # (RUN_START of a resume, when it works from)
+        if log:
+            for event in read_events(log):
+                if event["event"] == "RUN_START" and event.get("resume"):
+                    at = _ns(event["ts"])
+                    segments.append((at, at))
+                elif (event["event"] == "RECOVERY_ATTEMPT" and event.get("strategy") == "reap_orphans"
+                      and segments):
+                    segments[-1] = (segments[-1][0], _ns(event["ts"]))
+        pairs = []
+        for launched in self.resume_starts_ns:
+            started = next((works for at, works in segments if at >= launched), launched)
+            pairs.append((launched, started))
+        return pairs
 
     def marks(self) -> dict[str, list[Mark]]:
         out = {}
@@ -677,19 +705,21 @@ class TrialOutcome:
 
 
 def count_marks(marks: dict[str, list[Mark]], statuses: dict[str, str], seqs: Iterable[str],
-                resume_starts_ns: list[int]) -> tuple[dict[str, int], list[str]]:
+                resumes: list[tuple[int, int]]) -> tuple[dict[str, int], list[str]]:
     """Judge the marker files of one trial.
 
     Args:
         marks: per task seq, its marks in file order.
         statuses: per task seq, its final status in the store.
         seqs: every task of the plan.
-        resume_starts_ns: wall-clock moments (ns) at which each resume was launched.
+        resumes: per resume, (when it was launched, when it began to run tasks) in wall-clock ns:
+            it first waits for the commands the killed run left running.
 
     Returns: ({"twice", "orphan_done", "other"} counts, one problem sentence per count). A
     ``done`` is an orphan's when its builder group started before a resume was launched and it
-    came after: a resume runs only once the invocation before it was killed, so that builder
-    belongs to a killed run (started before the kill, or by a tool server that outlived it).
+    came after that resume began to run tasks: a resume runs only once the invocation before it
+    was killed, so that builder belongs to a killed run (started before the kill, or by a tool
+    server that outlived it), and it changed the repository under the resume.
     """
     counts = {"twice": 0, "orphan_done": 0, "other": 0}
     problems: list[str] = []
@@ -704,7 +734,8 @@ def count_marks(marks: dict[str, list[Mark]], statuses: dict[str, str], seqs: It
         starts = {m.pgid: m.ns for m in task_marks if m.kind == "start"}
         for mark in done:
             began = starts.get(mark.pgid)
-            if began is not None and any(began < r < mark.ns for r in resume_starts_ns):
+            if began is not None and any(began < launched and works < mark.ns
+                                         for launched, works in resumes):
                 counts["orphan_done"] += 1
                 problems.append(f"task {seq}'s run command, started before a kill, completed after the "
                                 "resume began (an orphan changing the repository under the resume)")
@@ -765,7 +796,7 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
         counts["other"] += 1
         problems.append(f"blocked roots {blocked_by}, clean run {scenario.blocked_by}")
 
-    marked, marking_problems = count_marks(trial.marks(), statuses, scenario.expected, trial.resume_starts_ns)
+    marked, marking_problems = count_marks(trial.marks(), statuses, scenario.expected, trial.resumes())
     for key, value in marked.items():
         counts[key] += value
     problems.extend(marking_problems)
@@ -790,6 +821,10 @@ def one_trial(mode: str, scenario: Scenario, where: Path, seed: int) -> TrialOut
             counts["other"] += 1
             problems.append(f"{crashes} kill(s) of a started run before RUN_END, but the log shows "
                             f"{crashed_runs} crash(es)")
+    git_problems = trial.git_problems()
+    if git_problems:
+        counts["other"] += len(git_problems)
+        problems.extend(git_problems)
     integrity = trial.integrity()
     if integrity != "ok":
         counts["other"] += 1
@@ -908,11 +943,12 @@ def test_count_marks_finds_doubles_orphans_and_unexplained_completions() -> None
         "002": [Mark("start", 600, 12), Mark("done", 2_500, 12),  # an orphan, done under resume
                 Mark("start", 2_100, 20), Mark("done", 2_400, 20)],  # and the resume's own run
         "003": [Mark("start", 700, 13), Mark("done", 1_500, 13)],  # done before the resume
+        "006": [Mark("start", 800, 14), Mark("done", 2_050, 14)],  # done while the resume waited
         "004": [Mark("start", 2_200, 21)],  # complete without a completion
     }
     statuses = {"001": "complete", "002": "complete", "003": "complete", "004": "complete",
-                "005": "complete"}
-    counts, problems = count_marks(marks, statuses, statuses, [resume])
+                "005": "complete", "006": "complete"}
+    counts, problems = count_marks(marks, statuses, statuses, [(resume, resume + 100)])
     assert counts == {"twice": 1, "orphan_done": 1, "other": 2}
     assert problems == [
         "task 002's run command completed 2 times",
@@ -1009,3 +1045,8 @@ def test_kill_half_a_second_after_run_starts_then_resume_completes(tmp_path: Pat
         store.close()
     for seq in ("001", "002", "003"):
         assert (repo / "out" / f"{seq}.txt").read_text().strip() == seq
+
+
+def _ns(ts: str) -> int:
+    """An event's RFC 3339 UTC ``ts`` as wall-clock ns."""
+    return int(datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1_000_000_000)
