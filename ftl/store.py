@@ -32,19 +32,19 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import sqlite3
 import threading
-import uuid
 from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from ftl import dag
 from ftl.errors import FtlError
-from ftl.models import ExplorerMode, Plan, Task, TaskStatus, normalize_seq
+
+if TYPE_CHECKING:  # the models (pydantic) load only where a plan or task is parsed or written
+    from ftl.models import Plan, Task, TaskStatus
 
 log = logging.getLogger("ftl.store")
 
@@ -61,12 +61,13 @@ WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
 }
 MEMORY_TYPES = ("failure", "pattern")
 
-_P, _R, _C, _B = TaskStatus.PENDING, TaskStatus.RUNNING, TaskStatus.COMPLETE, TaskStatus.BLOCKED
+# Status texts (`ftl.models.TaskStatus` values): reading rows never needs the models.
+_P, _R, _C, _B = dag.PENDING, dag.RUNNING, dag.COMPLETE, dag.BLOCKED
 
 #: Legal task transitions -> the ``reason`` they require (None: any reason). Everything else is
 #: ``invalid_state``. Source: ftl design (§8.3 item 11 of the FTL reference); FTL's update-task
 #: accepted any status string (§8.2 item 11).
-TRANSITIONS: dict[tuple[TaskStatus, TaskStatus], str | None] = {
+TRANSITIONS: dict[tuple[str, str], str | None] = {
     (_P, _R): None,        # the scheduler starts a ready task
     (_R, _C): None,        # verified
     (_R, _B): None,        # the attempt failed structurally
@@ -199,6 +200,7 @@ def _loads(text: str | None) -> Any:
 
 def _seq(value: Any, what: str = "seq") -> str:
     try:
+        from ftl.models import normalize_seq
         return normalize_seq(value)
     except ValueError as exc:
         raise _violation(what, str(exc)) from None
@@ -359,6 +361,8 @@ class Store:
             log.error("store %s constraint: %r", self.path, exc)
             return FtlError("conflict", {"what": "The change violates a store constraint; "
                                                  "re-read the current state and try again."})
+        import uuid
+
         correlation_id = uuid.uuid4().hex[:12]
         log.error("store %s error [%s]: %r", self.path, correlation_id, exc)
         return FtlError("internal_error", {"correlation_id": correlation_id})
@@ -428,6 +432,8 @@ class Store:
 
     def _new_campaign_id(self, moment: datetime) -> str:
         utc = moment.astimezone(timezone.utc) if moment.tzinfo else moment
+        import secrets
+
         return f"c-{utc:%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
     def create_campaign(self, objective: str, *, flow: str = "campaign", plan: Plan | None = None,
@@ -589,7 +595,10 @@ class Store:
     def _latest_plan(self, conn: sqlite3.Connection, campaign_id: str) -> Plan | None:
         row = conn.execute("SELECT plan FROM plan WHERE campaign_id = ? ORDER BY version DESC LIMIT 1",
                            (campaign_id,)).fetchone()
-        return None if row is None else Plan.model_validate_json(row[0])
+        if row is None:
+            return None
+        from ftl.models import Plan
+        return Plan.model_validate_json(row[0])
 
     def save_plan(self, campaign_id: str, plan: Plan) -> int:
         """Save ``plan`` as the campaign's next plan version; return it (1, 2, ...).
@@ -616,6 +625,7 @@ class Store:
         if row is None:
             what = "any plan" if version is None else f"plan version {version}"
             raise FtlError("not_found", {"what": f"{what} of campaign {campaign_id}"})
+        from ftl.models import Plan
         return Plan.model_validate_json(row[0])
 
     def plan_versions(self, campaign_id: str) -> list[int]:
@@ -709,7 +719,7 @@ class Store:
             self._campaign_row(conn, campaign_id)
             rows = conn.execute("SELECT status, COUNT(*) FROM task WHERE campaign_id = ? GROUP BY status",
                                 (campaign_id,)).fetchall()
-        result = {s.value: 0 for s in TaskStatus}
+        result = dict.fromkeys(dag.STATUSES, 0)
         result.update({r[0]: r[1] for r in rows})
         result["total"] = sum(r[1] for r in rows)
         return result
@@ -738,22 +748,20 @@ class Store:
         parents = [_seq(s, "blocked_by") for s in blocked_by or []]
         with self._session(write=True) as conn:
             row = self._task_row(conn, campaign_id, wanted)
-            current = TaskStatus(row["status"])
-            target_text = to.value if isinstance(to, TaskStatus) else str(to)
-            trigger = {"trigger": f"{current.value}->{target_text}", "state": current.value}
-            try:
-                target = TaskStatus(target_text)
-            except ValueError:
-                raise FtlError("invalid_state", trigger) from None
+            current = row["status"]
+            target = str(getattr(to, "value", to))  # a TaskStatus member or its text
+            trigger = {"trigger": f"{current}->{target}", "state": current}
+            if target not in dag.STATUSES:
+                raise FtlError("invalid_state", trigger)
             if (current, target) not in TRANSITIONS:
                 raise FtlError("invalid_state", trigger)
             needed = TRANSITIONS[(current, target)]
             if needed is not None and reason != needed:
                 raise FtlError("invalid_state", trigger, message=(
-                    f"Task {wanted} may go {current.value} -> {target.value} only with reason "
+                    f"Task {wanted} may go {current} -> {target} only with reason "
                     f"'{needed}'."))
             now = self._now()
-            if target is _R:
+            if target == _R:
                 deps = _loads(row["depends"])
                 open_deps = [d for d in deps if (conn.execute(
                     "SELECT status FROM task WHERE campaign_id = ? AND seq = ?", (campaign_id, d)).fetchone()
@@ -765,15 +773,15 @@ class Store:
                              "finished_at = NULL, worker = ?, blocked_by = '[]', block_reason = NULL, "
                              "delivered = NULL, updated_at = ? WHERE campaign_id = ? AND seq = ?",
                              (now, worker, now, campaign_id, wanted))
-            elif target is _C:
+            elif target == _C:
                 conn.execute("UPDATE task SET status = 'complete', finished_at = ?, delivered = ?, "
                              "updated_at = ? WHERE campaign_id = ? AND seq = ?",
                              (now, delivered, now, campaign_id, wanted))
-            elif target is _B:
+            elif target == _B:
                 conn.execute("UPDATE task SET status = 'blocked', finished_at = ?, delivered = ?, "
                              "block_reason = ?, blocked_by = ?, updated_at = ? WHERE campaign_id = ? AND seq = ?",
                              (now, delivered, reason, _dumps(parents, "blocked_by"), now, campaign_id, wanted))
-            elif current is _B:  # replan
+            elif current == _B:  # replan
                 conn.execute("UPDATE task SET status = 'pending', blocked_by = '[]', block_reason = NULL, "
                              "finished_at = NULL, delivered = NULL, updated_at = ? "
                              "WHERE campaign_id = ? AND seq = ?", (now, campaign_id, wanted))
@@ -832,6 +840,7 @@ class Store:
         if tracked is not None and not isinstance(tracked, dict):
             raise _violation("tracked", "must be a JSON object")
         encoded_tracked = None if tracked is None else _dumps(tracked, "tracked")
+        from ftl.models import Task as task_model
         by_seq: dict[str, Task] = {}
         for task in revised.tasks:
             if task.seq in by_seq:
@@ -847,14 +856,14 @@ class Store:
             reopened: list[tuple[Task, bool]] = []  # (revised task, was blocked)
             unchanged = 0
             for row in rows:
-                current = Task.model_validate_json(row["spec"])
+                current = task_model.model_validate_json(row["spec"])
                 new = by_seq.get(row["seq"])
-                status = TaskStatus(row["status"])
-                if new is None or status in (_C, _R) or (status is _P and new == current):
+                status = row["status"]
+                if new is None or status in (_C, _R) or (status == _P and new == current):
                     unchanged += 1
                     merged_tasks.append(current)
                     continue
-                reopened.append((new, status is _B))
+                reopened.append((new, status == _B))
                 merged_tasks.append(new)
             existing = {row["seq"] for row in rows}
             added = [t for t in revised.tasks if t.seq not in existing]
@@ -986,6 +995,7 @@ class Store:
         resolved by aggregation. Raises: FtlError(schema_invalid) for an unknown mode or non-JSON
         result; FtlError(not_found)."""
         try:
+            from ftl.models import ExplorerMode
             mode = ExplorerMode(mode).value
         except ValueError:
             raise _violation("mode", f"must be one of {', '.join(m.value for m in ExplorerMode)}, "

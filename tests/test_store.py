@@ -304,7 +304,7 @@ def test_transition_matrix(store: Store, source: str, target: str):
     cid = store.create_campaign("x")["campaign_id"]
     store.add_tasks(cid, plan(task("001")))
     put_in(store, cid, "001", source)
-    legal = (TaskStatus(source), TaskStatus(target)) in TRANSITIONS
+    legal = (source, target) in TRANSITIONS
     reason = REASON.get((source, target), "why")
     if legal:
         row = store.transition_task(cid, "1", target, reason=reason, delivered="out", worker="w1")
@@ -320,7 +320,7 @@ def test_transition_matrix(store: Store, source: str, target: str):
 
 
 def test_the_table_has_exactly_the_six_legal_transitions():
-    assert {(a.value, b.value) for a, b in TRANSITIONS} == {
+    assert set(TRANSITIONS) == {
         ("pending", "running"), ("running", "complete"), ("running", "blocked"),
         ("pending", "blocked"), ("blocked", "pending"), ("running", "pending")}
 
