@@ -181,9 +181,14 @@ def to_ftl_error(error_payload: Mapping[str, Any]) -> FtlError:
 
 
 class _Open(BaseModel):
-    """Lenient base: unknown keys (``x-`` extensions, newer fields) are kept, never rejected."""
+    """Lenient base: unknown keys (``x-`` extensions, newer fields) are kept, never rejected.
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    ``defer_build``: a model's validator is built at its first use, not at import, so a process
+    that uses a few of these ~30 models (the stdio server, the client) does not pay for all of
+    them at start (server boot, issue 11 item 2).
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     def dump(self) -> dict[str, Any]:
         """JSON-ready dict without unset optional keys."""
@@ -191,7 +196,7 @@ class _Open(BaseModel):
 
 
 class _Strict(_Open):
-    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True, defer_build=True)
 
 
 class Envelope(_Strict):

@@ -32,7 +32,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-import jsonschema
 from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
@@ -673,8 +672,7 @@ class ManglecpServer:
         self._lock = threading.Lock()
         self._confirm = ConfirmationTokens(secret or os.urandom(32), self.limits.confirmation_ttl_s,
                                            self.clock)
-        self._validators = {name: jsonschema.Draft202012Validator(dict(tool.input_schema))
-                            for name, tool in self.catalog.items()}
+        self._validators: dict[str, Any] = {}  # tool name -> schema validator, built on first invoke
         self.skills = dict(skills or {})
         self.gate = gate
         self.on_error = on_error
@@ -940,6 +938,17 @@ class ManglecpServer:
                                 f"The gate check failed (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id}) from None
 
+    def _validator(self, tool: ToolDefinition) -> Any:
+        """The JSON Schema (2020-12) validator of ``tool``'s input schema, built once. jsonschema
+        loads here, at the first invocation, not at server start (boot time, issue 11 item 2)."""
+        validator = self._validators.get(tool.name)
+        if validator is None:
+            import jsonschema
+
+            validator = jsonschema.Draft202012Validator(dict(tool.input_schema))
+            self._validators[tool.name] = validator
+        return validator
+
     # -- intent evaluation (spec 05) ---------------------------------------------------------
 
     def _evaluate(self, request_id: str | None, request: IntentRequest, principal: Principal,
@@ -1153,7 +1162,7 @@ class ManglecpServer:
         if not principal.permits(macro.bound.intent):
             raise ProtocolError("auth_insufficient", "This caller may not invoke the macro-tool.")
         tool = self.catalog[macro.tool]
-        errors = sorted(self._validators[tool.name].iter_errors(request.args),
+        errors = sorted(self._validator(tool).iter_errors(request.args),
                         key=lambda e: ("/" + "/".join(map(str, e.absolute_path)), str(e.validator)))
         if errors:
             schema_errors = [{"path": "/" + "/".join(map(str, e.absolute_path)),
@@ -1255,6 +1264,8 @@ class ManglecpServer:
                                 f"{tool.name} returned an invalid result (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id})
         if tool.output_schema is not None:
+            import jsonschema
+
             problems = list(jsonschema.Draft202012Validator(dict(tool.output_schema)).iter_errors(result))
             if problems:
                 log.error("tool %s result breaks its output schema (correlation id %s): %s",

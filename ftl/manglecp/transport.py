@@ -19,13 +19,14 @@ import subprocess
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Sequence
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ftl.errors import FtlError
 from ftl.manglecp.messages import PROTOCOL_VERSION, encode, envelope, make_error, to_ftl_error
 from ftl.manglecp.server import ManglecpServer, Session
+
+if TYPE_CHECKING:  # httpx (and the rich/pygments it pulls in) loads only for HttpTransport
+    import httpx
 
 log = logging.getLogger("ftl.manglecp.transport")
 
@@ -372,6 +373,9 @@ class HttpTransport(Transport):
             headers["Authorization"] = f"Bearer {token}"
         self._headers = headers
         self._timeout_s = timeout_s
+        import httpx
+
+        self._httpx = httpx
         self._client = client or httpx.Client(timeout=timeout_s)
         self._own_client = client is None
         self._manifest: dict[str, Any] | None = None
@@ -380,7 +384,7 @@ class HttpTransport(Transport):
     def _get_manifest(self) -> dict[str, Any]:
         try:
             response = self._client.get(self.manifest_url, headers=self._headers)
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             raise _network_error(f"GET manifest failed ({type(exc).__name__})") from None
         if response.status_code == 404:
             raise _network_error(f"{self.base_url} does not serve a MangleCP manifest (404)")
@@ -422,9 +426,9 @@ class HttpTransport(Transport):
             response = client.post(url, content=encode(message),
                                    headers={**self._headers, "Content-Type": "application/json"},
                                    timeout=timeout_s if timeout_s is not None else self._timeout_s)
-        except httpx.TimeoutException:
+        except self._httpx.TimeoutException:
             raise _reply_timeout(timeout_s or self._timeout_s) from None
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             raise _network_error(f"POST failed ({type(exc).__name__})") from None
         return self._json(response)
 
@@ -437,7 +441,7 @@ class HttpTransport(Transport):
         if cancel is None:
             return self._post(url, message, self._client, timeout_s)
         # Cancellable: the POST runs on its own client in a helper thread; a cancel closes it.
-        client = httpx.Client(timeout=self._timeout_s)
+        client = self._httpx.Client(timeout=self._timeout_s)
         box: dict[str, Any] = {}
 
         def run() -> None:
@@ -468,7 +472,7 @@ class HttpTransport(Transport):
             self._client.post(urllib.parse.urljoin(self.manifest_url, path),
                               content=encode(cancel_message(request_id)),
                               headers={**self._headers, "Content-Type": "application/json"}, timeout=5.0)
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             log.info("cancel of %s not delivered (%s)", request_id, type(exc).__name__)
 
     def close(self) -> None:

@@ -160,6 +160,15 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
                           on_error=_count_error_hook())
 
 
+def _server_env() -> dict[str, str]:
+    """The embedded stdio server's environment: ours, with pydantic's plugin discovery off
+    unless the user set ``PYDANTIC_DISABLE_PLUGINS`` (the server uses no pydantic plugin, and
+    discovering them scans every installed distribution's metadata: 15-35 ms of each boot)."""
+    env = dict(os.environ)
+    env.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    return env
+
+
 def connect(repo: Path, config: Config, *, server: str | None = None, in_process: bool = False,
             token: str | None = None, gate: Any = None, max_retries: int | None = None) -> ManglecpClient:
     """A `ManglecpClient` for the server named by ``server`` (``config.server`` when None).
@@ -171,7 +180,8 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
             --stdio`` subprocess (or in this process when ``in_process``); ``"stdio:CMD"``:
             another stdio server (CMD split like a shell); ``http://...`` / ``https://...``: an
             HTTP server.
-        in_process: run the embedded server in this process (tests, single-shot tools).
+        in_process: run the embedded server in this process (tests, single-shot tools); its
+            rules run in the calling thread (``isolation="thread"``), as in the stdio server.
         token: bearer token for HTTP servers (default: env ``FTL_MANGLECP_TOKEN``).
         gate: a gate object for an in-process embedded server (instead of ``config.gates``).
         max_retries: the client's own retries of retryable protocol errors (None: the client's
@@ -188,12 +198,12 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
     options: dict[str, Any] = {} if max_retries is None else {"max_retries": max_retries}
     if spec in (None, "", "embedded"):
         if in_process:
-            return ManglecpClient(InProcessTransport(build_server(repo, config, gate=gate), close_server=True),
-                                  **options)
+            server = build_server(repo, config, gate=gate, isolation="thread")
+            return ManglecpClient(InProcessTransport(server, close_server=True), **options)
         load_gate(repo, config)  # fail here, not inside the subprocess
         command = [sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(Path(repo).resolve()),
                    "--config-json", config.model_dump_json()]
-        return ManglecpClient(StdioTransport(command), **options)
+        return ManglecpClient(StdioTransport(command, env=_server_env()), **options)
     if config.gates:
         log.warning("the [gates] table applies to ftl's embedded server only; %s applies its own gates",
                     spec.split("://")[0] if "://" in spec else "the stdio server")

@@ -38,7 +38,6 @@ from typing import Any, Iterable, Mapping, Sequence
 import clingo
 import clingo.ast
 from clingo.ast import ASTType, Sign
-from multiprocessing.connection import Connection
 
 from ftl.manglecp.messages import ProtocolError
 from ftl.manglecp.server import EvaluationInput, EvaluationResult, Selection
@@ -230,10 +229,26 @@ class _Program:
         for text in rule_texts:
             clingo.ast.parse_string(text, self.statements.append)
         self.hidden_predicates = frozenset(hidden_predicates)
-        self.explained, self.rules = instrument(self.statements, self.hidden_predicates)
+        self._instrumented: tuple[list[Any], list[RuleInfo]] | None = None
         self.server_facts = [fact_symbol(pred, args, None, 0) for pred, args in server_facts]
         self._static: dict[bool, frozenset[clingo.Symbol]] = {}
         self.static(False)  # fails fast when the rules do not load
+
+    @property
+    def explained(self) -> list[Any]:
+        """The statements plus their ``_manglecp_why`` copies (`instrument`), built on the first
+        request that asks for explanations: most never do, and instrumenting costs more than
+        parsing (server boot, issue 11 item 2)."""
+        if self._instrumented is None:
+            self._instrumented = instrument(self.statements, self.hidden_predicates)
+        return self._instrumented[0]
+
+    @property
+    def rules(self) -> list[RuleInfo]:
+        """One `RuleInfo` per instrumented rule, in RuleNo order (see `explained`)."""
+        self.explained
+        assert self._instrumented is not None
+        return self._instrumented[1]
 
     def static(self, explain: bool) -> frozenset[clingo.Symbol]:
         """The closure of the rules over the server facts alone: server base, not a request's work."""
@@ -665,6 +680,8 @@ class ClingoEvaluator:
     def _spawn(self) -> _Worker:
         # A plain subprocess (not multiprocessing): no re-import of the caller's __main__, and
         # its stdout is closed so it can never write into a stdio transport.
+        from multiprocessing.connection import Connection
+
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         try:
