@@ -19,6 +19,7 @@ hides are absent: never selected, ``macro_not_found`` on invoke) and ``check(cal
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -679,6 +680,7 @@ class ManglecpServer:
         self.facts_profile = self._facts_profile()
         self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
         self._intent_names = {str(i.get("name")) for i in self.info.intents}
+        self._manifest_cache: dict[str, dict[str, Any]] = {}
 
     # -- manifest and status -----------------------------------------------------------------
 
@@ -716,7 +718,17 @@ class ManglecpServer:
         return 1 if level >= 2 and self.level_gaps() else level
 
     def manifest_payload(self) -> dict[str, Any]:
-        """The manifest payload (spec 04 §3), validated against `Manifest`."""
+        """The manifest payload (spec 04 §3), validated against `Manifest`.
+
+        Built and validated once per status (the rest of it never changes after construction)
+        and handed out as a copy, since callers may add to it (the HTTP binding's extensions).
+        """
+        cached = self._manifest_cache.get(self._status)
+        if cached is None:
+            cached = self._manifest_cache[self._status] = self._build_manifest_payload()
+        return copy.deepcopy(cached)
+
+    def _build_manifest_payload(self) -> dict[str, Any]:
         limits = {"max_message_bytes": self.limits.max_message_bytes,
                   "max_facts_per_request": self.limits.max_facts_per_request,
                   "max_derived_facts": self.limits.max_derived_facts}

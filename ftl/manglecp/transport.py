@@ -115,7 +115,8 @@ class InProcessTransport(Transport):
     """Calls a `ManglecpServer` in this process (one session per transport).
 
     The request runs in the calling thread (so tool subprocesses are started from a long-lived
-    thread); a cancel is delivered by a small watcher thread.
+    thread); a cancel is delivered by a small watcher thread, which ends by itself within
+    50 ms of the reply (the request never waits for it: that wait cost up to 50 ms per call).
     """
 
     supports_progress = True
@@ -125,9 +126,16 @@ class InProcessTransport(Transport):
         self.server = server
         self.session = Session(key=f"inproc-{id(self):x}")
         self._close_server = close_server
+        self._manifest: dict[str, Any] | None = None
+        self._manifest_status: str | None = None
 
     def manifest(self, *, refresh: bool = False, timeout_s: float = 60.0) -> dict[str, Any]:
-        return self.server.manifest()
+        """The server's manifest; the same object while its status is unchanged (the client
+        parses a manifest once per object)."""
+        status = self.server.status
+        if self._manifest is None or self._manifest_status != status:
+            self._manifest, self._manifest_status = self.server.manifest(), status
+        return self._manifest
 
     def request(self, message: Mapping[str, Any], *, on_message: OnMessage | None = None,
                 cancel: threading.Event | None = None, timeout_s: float | None = None) -> dict[str, Any]:
@@ -138,7 +146,8 @@ class InProcessTransport(Transport):
             def watch() -> None:
                 while not done.is_set():
                     if cancel.wait(_POLL_S):
-                        self.server.handle(cancel_message(request_id), session=self.session)
+                        if not done.is_set():
+                            self.server.handle(cancel_message(request_id), session=self.session)
                         return
             watcher = threading.Thread(target=watch, name="manglecp-cancel", daemon=True)
             watcher.start()
@@ -147,8 +156,6 @@ class InProcessTransport(Transport):
             replies = self.server.handle(dict(message), session=self.session, emit=emit)
         finally:
             done.set()
-        if watcher is not None:
-            watcher.join()
         if not replies:
             raise _network_error("the server sent no reply")
         return replies[-1]

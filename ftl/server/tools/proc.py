@@ -318,6 +318,11 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
 
 # --------------------------------------------------------------------------- change detection
 
+# Directory -> its path inside its git work tree. A directory's place in its work tree does not
+# change while ftl runs, and every build takes two snapshots: one git process less each time.
+_git_prefixes: dict[str, str] = {}
+
+
 def git_status(repo: Path, *, cancel: threading.Event | None = None,
                timeout_s: float = 30.0) -> dict[str, str] | None:
     """Paths that differ from HEAD in ``repo``'s work tree, with their two-letter porcelain code.
@@ -329,11 +334,13 @@ def git_status(repo: Path, *, cancel: threading.Event | None = None,
     Returns:
         ``{path: "XY"}``, or None when ``repo`` is not in a git work tree or git is unavailable.
     """
-    prefix = run_command(["git", "rev-parse", "--show-prefix"], cwd=repo, timeout_s=timeout_s,
-                         cancel=cancel)
-    if not prefix.ok:
-        return None
-    strip = prefix.stdout.strip()
+    strip = _git_prefixes.get(str(repo))
+    if strip is None:
+        prefix = run_command(["git", "rev-parse", "--show-prefix"], cwd=repo, timeout_s=timeout_s,
+                             cancel=cancel)
+        if not prefix.ok:
+            return None
+        strip = _git_prefixes[str(repo)] = prefix.stdout.strip()
     result = run_command(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all",
                           "--no-renames", "--", "."], cwd=repo, timeout_s=timeout_s,
                          cancel=cancel, output_limit_bytes=64 * 1024 * 1024)
