@@ -40,6 +40,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
+import orjson
+
 from ftl import dag
 from ftl.errors import FtlError
 
@@ -60,6 +62,7 @@ WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     "built": WORKSPACE_END_STATUSES,
 }
 MEMORY_TYPES = ("failure", "pattern")
+_SQL_BATCH = 500  # bound parameters per IN (...) query, far below SQLite's limit
 
 # Status texts (`ftl.models.TaskStatus` values): reading rows never needs the models.
 _P, _R, _C, _B = dag.PENDING, dag.RUNNING, dag.COMPLETE, dag.BLOCKED
@@ -195,7 +198,17 @@ def _dumps(value: Any, what: str) -> str:
 
 
 def _loads(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
+    """A JSON column's value. orjson parses 3-4x faster than ``json`` (reading 10,000 tasks
+    decodes 30,000 columns); what it refuses (NaN, integers beyond 64 bits) falls back to
+    ``json``, so every value ``_dumps`` wrote reads back the same."""
+    if text is None:
+        return None
+    if text == "[]":  # depends and blocked_by of most tasks
+        return []
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
 
 
 def _seq(value: Any, what: str = "seq") -> str:
@@ -699,13 +712,34 @@ class Store:
                 self._insert_task(conn, campaign_id, task, now)
         return sorted((t.seq for t in plan.tasks), key=int)
 
-    def tasks(self, campaign_id: str) -> list[dict]:
-        """All task dicts of the campaign in seq order: ``{seq, slug, type, depends, status,
+    def tasks(self, campaign_id: str, seqs: Sequence[str] | None = None) -> list[dict]:
+        """Task dicts of the campaign in seq order: ``{seq, slug, type, depends, status,
         attempts, blocked_by, block_reason, delivered, spec, started_at, finished_at, updated_at,
-        revised_at, worker}`` (``spec`` is the Task as JSON). Raises: FtlError(not_found)."""
+        revised_at, worker}`` (``spec`` is the Task as JSON); all of them, or only ``seqs``
+        (canonical seqs; unknown ones are skipped). Raises: FtlError(not_found)."""
         with self._session() as conn:
             self._campaign_row(conn, campaign_id)
-            return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
+            if seqs is None:
+                return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
+            wanted = sorted(set(seqs), key=dag.seq_key)
+            rows: list[dict] = []
+            for start in range(0, len(wanted), _SQL_BATCH):
+                batch = wanted[start:start + _SQL_BATCH]
+                rows += [self._task_dict(r) for r in conn.execute(
+                    f"SELECT * FROM task WHERE campaign_id = ? AND seq IN ({','.join('?' * len(batch))})",
+                    (campaign_id, *batch))]
+            rows.sort(key=lambda r: dag.seq_key(r["seq"]))
+            return rows
+
+    def task_graph(self, campaign_id: str) -> tuple[dict[str, list[str]], dict[str, str]]:
+        """``(depends, status)``: seq -> its dependencies and seq -> its status, the input of
+        every `ftl.dag` function, read without the task specs (a 10,000-task plan: 3 columns
+        instead of 15, no spec JSON decoded). Raises: FtlError(not_found)."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            rows = conn.execute("SELECT seq, depends, status FROM task WHERE campaign_id = ? "
+                                "ORDER BY CAST(seq AS INTEGER)", (campaign_id,)).fetchall()
+        return {r[0]: _loads(r[1]) for r in rows}, {r[0]: r[2] for r in rows}
 
     def task(self, campaign_id: str, seq: str) -> dict:
         """One task dict (see `tasks`). Raises: FtlError(not_found) for the campaign or seq."""
