@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import sqlite3
 import threading
 from collections import Counter
@@ -62,6 +63,7 @@ WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
     "built": WORKSPACE_END_STATUSES,
 }
 MEMORY_TYPES = ("failure", "pattern")
+_LONG_DIGITS = re.compile(r"\d{19}")
 _SQL_BATCH = 500  # bound parameters per IN (...) query, far below SQLite's limit
 
 # Status texts (`ftl.models.TaskStatus` values): reading rows never needs the models.
@@ -199,12 +201,15 @@ def _dumps(value: Any, what: str) -> str:
 
 def _loads(text: str | None) -> Any:
     """A JSON column's value. orjson parses 3-4x faster than ``json`` (reading 10,000 tasks
-    decodes 30,000 columns); what it refuses (NaN, integers beyond 64 bits) falls back to
-    ``json``, so every value ``_dumps`` wrote reads back the same."""
+    decodes 30,000 columns); text it refuses (NaN) or would change (an integer of 19 or more
+    digits, which orjson turns into a float) goes to ``json``, so every value ``_dumps`` wrote
+    reads back the same."""
     if text is None:
         return None
     if text == "[]":  # depends and blocked_by of most tasks
         return []
+    if _LONG_DIGITS.search(text):
+        return json.loads(text)
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
