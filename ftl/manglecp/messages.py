@@ -723,7 +723,7 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
     out: list[NormalFact] = []
     seen: set[Any] = set()
     index = 0
-    fast = _fast_shapes(declared, reserved_ok)
+    fast = _fast_shapes_of(profile, declared, reserved_ok)
 
     def bad(issue: str, message: str, pred: Any = None, **extra: Any) -> None:
         entry = {"fact_index": index, "predicate": pred if isinstance(pred, str) else "",
@@ -847,6 +847,24 @@ def _fits(args: list[Any], shape: tuple[type, ...]) -> bool:
         if type(value) is not kind or (kind is int and not -INT53_MAX <= value <= INT53_MAX):
             return False
     return True
+
+
+_SHAPES: dict[tuple[int, bool], tuple[Any, dict[str, tuple[type, ...]]]] = {}
+
+
+def _fast_shapes_of(profile: FactsProfile | None, declared: Mapping[str, PredicateSchema],
+                    reserved_ok: bool) -> dict[str, tuple[type, ...]]:
+    """`_fast_shapes` of ``profile``, computed once per profile object (a server validates
+    every request against the same one). The entry holds the profile, so its id stays its own."""
+    if profile is None:
+        return _fast_shapes(declared, reserved_ok)
+    key = (id(profile), reserved_ok)
+    entry = _SHAPES.get(key)
+    if entry is None or entry[0] is not profile:
+        if len(_SHAPES) >= 64:
+            _SHAPES.clear()
+        entry = _SHAPES[key] = (profile, _fast_shapes(declared, reserved_ok))
+    return entry[1]
 
 
 def _fast_shapes(declared: Mapping[str, PredicateSchema], reserved_ok: bool) -> dict[str, tuple[type, ...]]:

@@ -138,11 +138,11 @@ def test_fast_path_validates_like_the_full_checks(facts):
     import ftl.manglecp.messages as messages
 
     fast = validate_facts(facts, PROFILE)
-    saved = messages._fast_shapes
-    messages._fast_shapes = lambda declared, reserved_ok: {}
+    saved = messages._fast_shapes_of
+    messages._fast_shapes_of = lambda profile, declared, reserved_ok: {}
     try:
         full = validate_facts(facts, PROFILE)
     finally:
-        messages._fast_shapes = saved
+        messages._fast_shapes_of = saved
     assert fast == full
     assert [f.key() for f in fast[0]] == [f.key() for f in full[0]]
