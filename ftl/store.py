@@ -69,10 +69,10 @@ _SQL_BATCH = 500  # bound parameters per IN (...) query, far below SQLite's limi
 # Status texts (`ftl.models.TaskStatus` values): reading rows never needs the models.
 _P, _R, _C, _B = dag.PENDING, dag.RUNNING, dag.COMPLETE, dag.BLOCKED
 
-#: Legal task transitions -> the ``reason`` they require (None: any reason). Everything else is
-#: ``invalid_state``. Source: ftl design (§8.3 item 11 of the FTL reference); FTL's update-task
+#: Legal task transitions (status texts) -> the ``reason`` they require (None: any reason).
+#: Everything else is ``invalid_state``. Source: ftl design (§8.3 item 11 of the FTL reference); FTL's update-task
 #: accepted any status string (§8.2 item 11).
-TRANSITIONS: dict[tuple[str, str], str | None] = {
+_TRANSITIONS: dict[tuple[str, str], str | None] = {
     (_P, _R): None,        # the scheduler starts a ready task
     (_R, _C): None,        # verified
     (_R, _B): None,        # the attempt failed structurally
@@ -80,6 +80,18 @@ TRANSITIONS: dict[tuple[str, str], str | None] = {
     (_B, _P): "replan",    # re-opened by a re-plan merge
     (_R, _P): "resume",    # in-flight attempt discarded after a crash
 }
+
+
+def __getattr__(name: str) -> Any:
+    """``TRANSITIONS``: the `_TRANSITIONS` table keyed by `ftl.models.TaskStatus` members, as
+    before; built on first use so that reading the store never imports the models (pydantic)."""
+    if name == "TRANSITIONS":
+        from ftl.models import TaskStatus
+
+        table = {(TaskStatus(a), TaskStatus(b)): reason for (a, b), reason in _TRANSITIONS.items()}
+        globals()["TRANSITIONS"] = table
+        return table
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Migration n (1-based) brings the schema from user_version n-1 to n. Append, never edit.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
@@ -792,9 +804,9 @@ class Store:
             trigger = {"trigger": f"{current}->{target}", "state": current}
             if target not in dag.STATUSES:
                 raise FtlError("invalid_state", trigger)
-            if (current, target) not in TRANSITIONS:
+            if (current, target) not in _TRANSITIONS:
                 raise FtlError("invalid_state", trigger)
-            needed = TRANSITIONS[(current, target)]
+            needed = _TRANSITIONS[(current, target)]
             if needed is not None and reason != needed:
                 raise FtlError("invalid_state", trigger, message=(
                     f"Task {wanted} may go {current} -> {target} only with reason "
