@@ -46,6 +46,7 @@ class LazyGroup(click.Group):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lazy_commands: dict[str, tuple[str, str]] = {}
+        self.commands = _CommandTable(self, self.commands)
 
     def add_lazy_command(self, name: str, import_path: str, summary: str) -> None:
         """Register ``name``, found at ``import_path`` (``"module:attribute"``) when it runs.
@@ -66,6 +67,9 @@ class LazyGroup(click.Group):
         command = super().get_command(ctx, cmd_name)
         if command is not None or cmd_name not in self.lazy_commands:
             return command
+        return self._load(cmd_name)
+
+    def _load(self, cmd_name: str) -> click.Command | None:
         module_name, _, attribute = self.lazy_commands[cmd_name][0].partition(":")
         try:
             command = getattr(importlib.import_module(module_name), attribute)
@@ -87,3 +91,19 @@ class LazyGroup(click.Group):
             limit = formatter.width - 6 - max(len(name) for name, _ in rows)
             with formatter.section("Commands"):
                 formatter.write_dl([(name, command.get_short_help_str(limit)) for name, command in rows])
+
+
+class _CommandTable(dict):
+    """``group.commands`` of a `LazyGroup`: indexing a lazy command's name imports it, so code
+    that reads ``main.commands["serve"]`` keeps working (``get``, ``in`` and iteration see only
+    the commands loaded so far, as click's own listing expects)."""
+
+    def __init__(self, group: LazyGroup, loaded: dict[str, click.Command]) -> None:
+        super().__init__(loaded)
+        self._group = group
+
+    def __missing__(self, name: str) -> click.Command:
+        command = self._group._load(name) if name in self._group.lazy_commands else None
+        if command is None:
+            raise KeyError(name)
+        return command

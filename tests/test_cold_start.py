@@ -83,3 +83,18 @@ def test_lazy_command_summaries_match_their_help():
         listed = __import__("click").Command(name, help=summary)
         for limit in (30, 45, 80):
             assert listed.get_short_help_str(limit) == command.get_short_help_str(limit)
+
+
+def test_indexing_the_command_table_loads_a_lazy_command():
+    from ftl.clickutil import LazyGroup
+
+    group = LazyGroup("g")
+    group.add_lazy_command("serve", "ftl.server.serve:serve", "Run ftl's embedded MangleCP server.")
+    group.add_lazy_command("gone", "ftl.no_such_module:command", "An extra that is not installed.")
+    assert "serve" not in group.commands  # nothing imported yet
+    assert group.commands["serve"].name == "serve"
+    assert "serve" in group.commands
+    with pytest.raises(KeyError):
+        group.commands["gone"]
+    with pytest.raises(KeyError):
+        group.commands["unknown"]
