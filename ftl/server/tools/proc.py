@@ -339,21 +339,42 @@ def git_status(repo: Path, *, cancel: threading.Event | None = None,
     """
     strip = _git_prefixes.get(str(repo))
     if strip is None:
-        prefix = run_command(["git", "rev-parse", "--show-prefix"], cwd=repo, timeout_s=timeout_s,
-                             cancel=cancel)
-        if not prefix.ok:
+        prefix = _git(["rev-parse", "--show-prefix"], repo, timeout_s, cancel)
+        if prefix is None:
             return None
-        strip = _git_prefixes[str(repo)] = prefix.stdout.strip()
-    result = run_command(["git", "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                          "--no-renames", "--", "."], cwd=repo, timeout_s=timeout_s,
-                         cancel=cancel, output_limit_bytes=64 * 1024 * 1024)
-    if not result.ok:
+        strip = _git_prefixes[str(repo)] = prefix.strip()
+    status = _git(["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--", "."],
+                  repo, timeout_s, cancel)
+    if status is None:
         return None
     changes: dict[str, str] = {}
-    for record in result.stdout.split("\0"):
+    for record in status.split("\0"):
         if len(record) > 3 and record[3:].startswith(strip):
             changes[record[3:][len(strip):]] = record[:2]
     return changes
+
+
+def _git(args: list[str], repo: Path, timeout_s: float, cancel: threading.Event | None) -> str | None:
+    """``git ARGS`` in ``repo``: its stdout, or None when it fails or git is missing.
+
+    A cancellable call goes through `run_command`. An uncancellable one (the builder's two
+    snapshots per task) is a plain child process: git is ftl's own short command that leaves
+    nothing behind, so it needs neither a process group to sweep nor the parent-death hook,
+    whose Python ``preexec_fn`` makes every spawn fork the whole server (5-10 ms each, plus a
+    /proc scan; issue 11 item 3).
+    """
+    if cancel is not None:
+        result = run_command(["git", *args], cwd=repo, timeout_s=timeout_s, cancel=cancel,
+                             output_limit_bytes=64 * 1024 * 1024)
+        return result.stdout if result.ok else None
+    try:
+        done = subprocess.run(["git", *args], cwd=repo, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=timeout_s, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.decode("utf-8", errors="replace")
 
 
 def _fingerprint(path: Path) -> str:
