@@ -199,12 +199,15 @@ def _sigterm_as_interrupt() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="ftl.toml to use (default: <repo>/ftl.toml when present).")
 @click.option("--server", help="MangleCP server: 'stdio:COMMAND' or an http(s) URL (default: embedded).")
+@click.option("--isolation", type=click.Choice(["auto", "worktree", "shared"]),
+              help="Where tasks run: a git worktree each, or the shared checkout (default: "
+                   "ftl.toml's isolation, else auto = worktree in a git work tree).")
 @metrics_option
 @json_option
 @handled
 def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Path | None, repo: Path,
                  jobs: int | None, config_path: Path | None, server: str | None,
-                 metrics_file: Path | None, as_json: bool) -> int:
+                 isolation: str | None, metrics_file: Path | None, as_json: bool) -> int:
     """Run a campaign to its end.
 
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
@@ -219,7 +222,7 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     if not objective:
         raise FtlError("invalid_params", {"schema_errors": [
             {"path": "OBJECTIVE", "message": "give an objective or a plan with one", "keyword": "required"}]})
-    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server, isolation=isolation)
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
                                                   revised_plan_input=revised_input), metrics_file)
@@ -264,6 +267,75 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
     lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}" for t in data["tasks"]]
     _emit(envelope.success(data), as_json, "\n".join(lines))
+    return 0
+
+
+def _campaign_for(repo: Path, campaign_id: str | None) -> dict[str, Any]:
+    """``campaign_id``'s record, else the active campaign's, else the latest one's.
+
+    Raises: FtlError(not_found) when there is none."""
+    from ftl.store import Store
+
+    with Store.for_repo(repo) as store:
+        found = (store.get_campaign(campaign_id) if campaign_id
+                 else store.active_campaign() or store.latest_campaign())
+    if found is None:
+        raise FtlError("not_found", {"what": "a campaign in this repository"})
+    return found
+
+
+@campaign.command("land")
+@click.option("--campaign", "campaign_id", help="Campaign id (default: the latest).")
+@click.option("--into", help="Branch to land on (default: the branch checked out in --repo).")
+@repo_option
+@json_option
+@handled
+def campaign_land(campaign_id: str | None, into: str | None, repo: Path, as_json: bool) -> int:
+    """Merge a finished campaign's integration branch into your branch (fast-forward when
+    possible). Refuses, changing nothing, while the campaign is active, when the target
+    checkout has uncommitted changes, or when the merge conflicts."""
+    from ftl.vcs.land import land
+
+    repo = repo.resolve()
+    record = _campaign_for(repo, campaign_id)
+    if record["status"] == "active":
+        raise FtlError("conflict", {"what": f"campaign {record['id']} is still active; let it "
+                                            "finish (or resume it) before landing"})
+    landing = land(repo, record["id"], into)
+    human = (f"{landing.source} is already in {landing.target}" if landing.how == "up-to-date"
+             else f"landed {landing.source} on {landing.target} ({landing.how}): "
+                  f"{landing.previous[:12]} -> {landing.head[:12]}")
+    _emit(envelope.success({"campaign_id": record["id"], **landing.to_json()}), as_json, human)
+    return 0
+
+
+@campaign.command("clean")
+@click.option("--campaign", "campaign_id", help="Only this campaign's worktrees and branches.")
+@click.option("--force", is_flag=True, help="Also clean the active campaign (its resume then "
+                                            "rebuilds in-flight tasks from scratch).")
+@repo_option
+@json_option
+@handled
+def campaign_clean(campaign_id: str | None, force: bool, repo: Path, as_json: bool) -> int:
+    """Remove task worktrees left under .ftl/worktrees (after a crash) and the task branches
+    whose work is integrated; keeps the integration branches and any task branch holding a
+    commit that was never integrated."""
+    from ftl.store import Store
+    from ftl.vcs.land import clean
+
+    repo = repo.resolve()
+    with Store.for_repo(repo) as store:
+        campaigns = [store.get_campaign(campaign_id)] if campaign_id else store.list_campaigns()
+        active = store.active_campaign()
+    keep = None if force or active is None else active["id"]
+    if keep is not None and campaign_id == keep:
+        raise FtlError("conflict", {"what": f"campaign {keep} is active; resume it, or pass "
+                                            "--force to clean it anyway"})
+    result = clean(repo, [c["id"] for c in campaigns], keep_worktrees_of=keep)
+    human = (f"removed {len(result['removed'])} worktree(s)"
+             + (f"; kept task branches with unintegrated commits: {', '.join(result['kept_branches'])}"
+                if result["kept_branches"] else ""))
+    _emit(envelope.success(result), as_json, human)
     return 0
 
 

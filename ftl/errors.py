@@ -29,6 +29,14 @@ GATE_ORDER: tuple[str, ...] = ("visibility", "governance", "policy", "approval")
 
 RetryAfterSource = Literal["none", "server"]
 
+#: The 14 error types of FTL's ERROR_HANDLING table, in its order (behaviour reference §3).
+#: ``docs/errors.md`` shows, for each, the check that produces it and the test that shows it
+#: (`ftl.errors_doc.PRODUCED_BY`).
+FTL_ERROR_TYPES: tuple[str, ...] = (
+    "timeout", "quorum_failure", "aggregation_failed", "clarify_exhausted", "decision_unknown",
+    "schema_invalid", "cycle_detected", "budget_exhausted", "verify_failed", "idiom_violation",
+    "workspace_invalid", "cascade_stuck", "iteration_exhausted", "stuck_detected")
+
 
 class Klass(str, enum.Enum):
     """Whether a failure is worth one more attempt (FTL ERROR_HANDLING "classify")."""
@@ -186,8 +194,9 @@ _ROWS: tuple[ErrorKind, ...] = (
          "Read the verify output in the workspace record; fix the code or the verify command.",
          ("seq", "exit_code"), as_tool_result=True),
     _row("idiom_violation", S, Route.BLOCK_TASK, "invalid_facts", -32069,
-         ("validation", "IDIOM_VIOLATION"), "Task {seq} breaks a project idiom: {idiom}.",
-         "Follow the framework idioms listed in the workspace.", ("seq", "idiom"),
+         ("validation", "IDIOM_VIOLATION"), "Task {seq} breaks a project idiom: {idiom} at {where}.",
+         "Change the code at each file:line in details.violations to follow the idiom (or fix "
+         "the idiom in the plan if it is wrong), then resume.", ("seq", "idiom", "where", "violations"),
          as_tool_result=True),
     _row("workspace_invalid", S, Route.BLOCK_TASK, "x-workspace_invalid", -32070,
          ("conflict", "WORKSPACE_INVALID"), "The workspace for task {seq} is invalid.",
@@ -284,10 +293,13 @@ _ROWS: tuple[ErrorKind, ...] = (
     _row("approval_rejected", S, Route.BLOCK_TASK, "confirmation_invalid", -32007,
          ("authorization", "FORBIDDEN"), "The call to {tool} was rejected by the approver.",
          "Change the call or ask the approver again.", ("tool",), gate="approval"),
-    _row("approval_timeout", T, Route.BLOCK_TASK, "confirmation_required", -32008,
+    # Structural, not transient (issue 15): a retry would ask the approver again at once, so an
+    # approver that never answers is asked once per task attempt; the task blocks and a later
+    # attempt (resume, re-plan, CASCADE retry) asks again.
+    _row("approval_timeout", S, Route.BLOCK_TASK, "confirmation_required", -32008,
          ("unavailable", "UNAVAILABLE"), "No approval for {tool} arrived in time.",
-         "Approve sooner or raise the approval timeout.", ("tool", "timeout_s"), gate="approval",
-         as_tool_result=True),
+         "Approve sooner or raise the approval timeout, then resume: the next attempt asks again.",
+         ("tool", "timeout_s"), gate="approval", as_tool_result=True),
     _row("approval_not_found", S, Route.BLOCK_TASK, "confirmation_invalid", -32017,
          ("not_found", "NOT_FOUND"), "No approval workflow is configured for {tool}.",
          "Configure an approval command or file in ftl.toml.", ("tool",), gate="approval"),

@@ -11,9 +11,81 @@ import argparse
 import sys
 from pathlib import Path
 
-from ftl.errors import GATE_ORDER, REGISTRY, ErrorKind
+from dataclasses import dataclass
+
+from ftl.errors import FTL_ERROR_TYPES, GATE_ORDER, REGISTRY, ErrorKind
 
 DEFAULT_OUTPUT = Path("docs") / "errors.md"
+
+
+@dataclass(frozen=True)
+class Producer:
+    """What produces an error kind in a real run, and the test that shows it.
+
+    Attributes:
+        check: the check or event that raises the kind, and where (state or module).
+        test: ``tests/<file>.py::<test function>``; the test exists, is not skipped and names
+            the kind (``tests/test_errors_doc.py`` checks all three).
+        note: anything still missing, said plainly (empty when nothing is).
+    """
+
+    check: str
+    test: str
+    note: str = ""
+
+
+_PRODUCERS = "tests/test_error_producers.py::"
+#: One producer per FTL error type (issue 15 item 3): the one place that says which check
+#: produces each kind and which test shows it; ``docs/errors.md`` renders it.
+PRODUCED_BY: dict[str, Producer] = {
+    "timeout": Producer(
+        "BUILD: a build or verify command past its `timeout_s` (the builder reports "
+        "`error_type: timeout`, `ftl.recovery.classify_command`); EXPLORE: explorers out of time "
+        "with partial results", _PRODUCERS + "test_build_past_its_timeout_is_timeout_then_budget_exhausted"),
+    "quorum_failure": Producer(
+        "EXPLORE: fewer usable explorer results than `explorer_quorum` and not both structure "
+        "and delta (`ftl.models.quorum_met`)", _PRODUCERS + "test_no_explorer_left_is_quorum_failure"),
+    "aggregation_failed": Producer(
+        "EXPLORE: an explorer result breaks its schema or the merge (`states/explore.py` "
+        "`check_result`), still after one `retry_aggregation`",
+        "tests/test_explore_aggregation.py::test_a_result_that_keeps_breaking_its_schema_is_aggregation_failed"),
+    "clarify_exhausted": Producer(
+        "PLAN: more than `max_clarifications` planner answers without a valid PROCEED plan",
+        "tests/test_runner_integration.py::test_planner_that_keeps_asking_exhausts_clarifications"),
+    "decision_unknown": Producer(
+        "CASCADE: the re-planner answers without a PROCEED plan (`TOOL_FAILURE` tool `replan`, "
+        "`CASCADE_MERGE_FAILED`); in PLAN an unreadable answer counts as a clarification, as in FTL",
+        _PRODUCERS + "test_replanner_without_a_plan_is_decision_unknown"),
+    "schema_invalid": Producer(
+        "PLAN: the plan fails `ftl.validation.parse_plan` (the CLI checks `--plan` before a run: "
+        "exit 2)", _PRODUCERS + "test_plan_that_breaks_its_schema_is_schema_invalid"),
+    "cycle_detected": Producer(
+        "PLAN: `ftl.validation.parse_plan` finds a dependency cycle (REGISTER and the store check "
+        "again)", _PRODUCERS + "test_plan_with_a_dependency_cycle_is_cycle_detected"),
+    "budget_exhausted": Producer(
+        "BUILD: a builder that timed out again on its retry (`states/build.py` `_escalate_build`)",
+        _PRODUCERS + "test_build_past_its_timeout_is_timeout_then_budget_exhausted"),
+    "verify_failed": Producer(
+        "BUILD: the verify command still fails after its flaky retries "
+        "(`ftl.recovery.escalate_flaky`)", _PRODUCERS + "test_verify_that_keeps_failing_is_verify_failed"),
+    "idiom_violation": Producer(
+        "BUILD: `ftl.idioms.check_idioms` after the build, before verify: a forbidden pattern "
+        "matches, or a required one matches nowhere, in the files the task changed "
+        "(`states/build.py` `_idiom_violations`)",
+        "tests/test_idiom_example.py::test_campaign_blocks_the_print_task_as_idiom_violation"),
+    "workspace_invalid": Producer(
+        "BUILD: the builder changed files outside the task's `delta`/`creates` (`out_of_scope`)",
+        _PRODUCERS + "test_change_outside_the_delta_is_workspace_invalid"),
+    "cascade_stuck": Producer(
+        "CASCADE: the analysis recommends `stuck` (at least `replan_threshold` tasks unreachable, "
+        "a planner, no re-plan left)", _PRODUCERS + "test_replan_limit_reached_while_stuck_is_cascade_stuck"),
+    "iteration_exhausted": Producer(
+        "EXECUTE: entered more than `max_iterations` times",
+        _PRODUCERS + "test_execute_past_max_iterations_is_iteration_exhausted"),
+    "stuck_detected": Producer(
+        "EXECUTE: the same ready set `stuck_threshold` times in a row",
+        _PRODUCERS + "test_the_same_ready_set_again_is_stuck_detected"),
+}
 
 _INTRO = """\
 # ftl error kinds
@@ -61,6 +133,17 @@ def render() -> str:
              "| Kind | Class | Route | JSON-RPC | Channel | MangleCP | response-v2 | Gate | Details |",
              "|---|---|---|---|---|---|---|---|---|"]
     lines += [_row(row) for row in REGISTRY.values()]
+    lines += ["", "## Produced by (FTL's error types)", "",
+              "For each error type of FTL's ERROR_HANDLING table: the check or event that "
+              "produces it in a real run, and the test that shows it "
+              "(`ftl.errors_doc.PRODUCED_BY`; `tests/test_errors_doc.py` fails when a type has "
+              "no producing test).", "",
+              "| Kind | Produced by | Test |", "|---|---|---|"]
+    for error_type in FTL_ERROR_TYPES:
+        producer = PRODUCED_BY[error_type]
+        check = producer.check + (f" (missing: {producer.note})" if producer.note else "")
+        lines.append("| " + " | ".join(_cell(c) for c in (f"`{error_type}`", check,
+                                                             f"`{producer.test}`")) + " |")
     lines += ["", "## Messages and remediation", ""]
     for row in REGISTRY.values():
         lines += [f"### `{row.error_type}`", "", f"- Message: {row.message}",

@@ -37,6 +37,9 @@ RECOVERY_ATTEMPT = "RECOVERY_ATTEMPT"
 READY_TASKS = "READY_TASKS"
 TASK_START = "TASK_START"
 TASK_END = "TASK_END"
+TASK_COMMIT = "TASK_COMMIT"          # a verified task's result committed in its worktree
+TASK_INTEGRATED = "TASK_INTEGRATED"  # that commit integrated into the campaign's branch
+MERGE_CONFLICT = "MERGE_CONFLICT"    # that commit conflicts with the integration head
 EXPLORER_RESULT = "EXPLORER_RESULT"
 PARTIAL_FAILURE = "PARTIAL_FAILURE"
 PLAN_DECISION = "PLAN_DECISION"
@@ -50,13 +53,18 @@ CASCADE_PROPAGATE = "CASCADE_PROPAGATE"
 OBSERVATION = "OBSERVATION"
 ERROR_ROUTE = "ERROR_ROUTE"
 RETURN = "RETURN"
+#: A tool call's gate decision as the tool server reported it: ``tool``, ``outcome``
+#: (``forward``, ``allow``, ``approved``, ``approved_on_timeout``; ``deny`` or ``timeout`` for a
+#: refusal), ``gates`` ``{gate: step result}``, and for a refusal ``denied_by`` and ``reason``
+#: (the refusal's error kind).
+GATE_DECISION = "GATE_DECISION"
 
 # Events that are actions: replay checks that each lies inside a state (design.md §6).
 ACTION_EVENTS = frozenset({
     TOOL_CALL, TOOL_FAILURE, FAILURE_CLASSIFIED, RETRY, RECOVERY_ATTEMPT, READY_TASKS,
-    TASK_START, TASK_END, EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
+    TASK_START, TASK_END, TASK_COMMIT, TASK_INTEGRATED, MERGE_CONFLICT, EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
     PLAN_VALIDATION_FAILED, PLAN_REGISTERED, CASCADE_STATUS, CASCADE_ANALYSIS, CASCADE_REPLAN,
-    CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN,
+    CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN, GATE_DECISION,
 })
 
 _RESERVED = frozenset({"ts", "seq", "campaign_id", "event"})
@@ -274,5 +282,6 @@ class EventRecord(BaseModel):
     ts: str = Field(description="RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-21T04:15:03.120Z.")
     seq: int = Field(ge=1, description="Strictly increasing per log, continued across resumes.")
     campaign_id: str
-    event: str = Field(description="STATE_ENTRY, PHASE_TRANSITION, TOOL_FAILURE, RETRY, ...")
+    event: str = Field(description="STATE_ENTRY, PHASE_TRANSITION, TOOL_FAILURE, RETRY, "
+                                   "GATE_DECISION, ...")
     state: str | None = Field(description="The machine state the event belongs to (null before INIT).")

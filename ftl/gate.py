@@ -21,7 +21,9 @@ in a fixed order and the first refusal decides (ThoughtGate EC-ERR-005).
    polled for the request id. Rejected -> ``approval_rejected``; no answer within ``timeout_s``
    -> ``on_timeout`` (``deny`` -> ``approval_timeout``, ``approve`` -> the call runs and the
    decision records ``system:timeout-auto-approve``); approval needed but no workflow usable ->
-   ``approval_not_found``.
+   ``approval_not_found``. ``approval_timeout`` is structural (`ftl.errors`): the recovery
+   protocol does not retry the call, so an approver that never answers is asked once per task
+   attempt, and the next attempt (resume, re-plan) asks again.
 
 Cedar request: principal ``Agent::"<principal>"`` (the caller's identity, ``anonymous`` when
 unauthenticated), one action ``Action::"invoke"`` for every tool (side effects travel in the
@@ -339,6 +341,12 @@ class GateDecision:
         return {"tool": self.tool, "outcome": self.outcome, "gates": dict(self.gates),
                 "rule": self.rule, "policy_ids": list(self.policy_ids),
                 "request_id": self.request_id, "approver": self.approver}
+
+    def public(self) -> dict[str, Any]:
+        """What may leave the server (the invoke response's ``x-gate_decision``): ``{"tool",
+        "outcome", "gates": {gate: step result}}``; no rule index, policy ids or approver
+        (reference §1.7: those stay in the log)."""
+        return {"tool": self.tool, "outcome": self.outcome, "gates": dict(self.gates)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -662,12 +670,13 @@ class Gatekeeper:
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     command_argv: list[str] | None = None
+    count: bool = True
     _prompt_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @classmethod
     def from_config(cls, gates: Mapping[str, Any], *, repo: Path, prompt_io: PromptIO | None = None,
                     clock: Callable[[], float] = time.monotonic,
-                    sleep: Callable[[float], None] = time.sleep) -> "Gatekeeper":
+                    sleep: Callable[[float], None] = time.sleep, count: bool = True) -> "Gatekeeper":
         """Parse ``[gates]`` and load the Cedar policies.
 
         Args:
@@ -676,6 +685,9 @@ class Gatekeeper:
             prompt_io: interactive channel for ``mode = "prompt"`` (default: the controlling
                 TTY, looked up at each approval).
             clock: monotonic clock, s; sleep: sleep function, s (both injected by tests).
+            count: count each decision in `ftl.metrics` (``ftl_gate_decisions_total``,
+                ``ftl_gate_denials_total``). Off for a campaign's in-process tool server, whose
+                decisions the campaign counts from its ``GATE_DECISION`` events.
         Raises:
             FtlError(configuration_error): naming each bad field (``details.violations``):
                 unknown keys, bad actions or globs, missing or malformed policy files, an
@@ -693,7 +705,7 @@ class Gatekeeper:
             log.warning("[gates] routes calls to approval but [gates.approval] sets no mode; "
                         "those calls will fail with approval_not_found")
         return cls(config=config, repo=repo, policies=policies, prompt_io=prompt_io, clock=clock,
-                   sleep=sleep, command_argv=command)
+                   sleep=sleep, command_argv=command, count=count)
 
     # -- gate 1 -------------------------------------------------------------------------------
 
@@ -730,12 +742,13 @@ class Gatekeeper:
         try:
             decision = self._check(call)
         except FtlError as error:
-            if error.details.get("gate"):
-                _count_gate(error.details["gate"], "deny" if error.error_type != "approval_timeout"
-                            else "timeout")
+            gate = error.details.get("gate")
+            if gate and self.count:
+                _count_gate(gate, refusal_outcome(error.error_type), reason=error.error_type)
             raise
-        for gate, outcome in decision.gates:
-            _count_gate(gate, outcome)
+        if self.count:
+            for gate, outcome in decision.gates:
+                _count_gate(gate, outcome)
         return decision
 
     def _check(self, call: Mapping[str, Any]) -> GateDecision:
@@ -840,10 +853,19 @@ def _resolve_command(argv: list[str], repo: Path) -> list[str]:
     return [found, *argv[1:]]
 
 
-def _count_gate(gate: str, outcome: str) -> None:
-    """``ftl_gate_decisions_total{gate, outcome}``; metrics never stop a gate decision."""
+def refusal_outcome(error_type: str) -> str:
+    """The ``outcome`` label of a refusal of kind ``error_type``: ``timeout`` for an approval
+    that never came, ``deny`` for every other refusal."""
+    return "timeout" if error_type == "approval_timeout" else "deny"
+
+
+def _count_gate(gate: str, outcome: str, *, reason: str | None = None) -> None:
+    """``ftl_gate_decisions_total{gate, outcome}`` and, for a refusal (``reason``: its error
+    kind), ``ftl_gate_denials_total{gate, reason}``; metrics never stop a gate decision."""
     try:
-        from ftl.metrics import count_gate
+        from ftl.metrics import count_gate, count_gate_denial
         count_gate(gate, outcome)
+        if reason is not None:
+            count_gate_denial(gate, reason)
     except Exception:  # noqa: BLE001
         log.debug("gate metric not counted", exc_info=True)

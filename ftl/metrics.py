@@ -6,12 +6,19 @@ series so two dumps of the same run compare byte for byte (reference §3.2, §5 
 * ``ftl_errors_total{code, gate, category}``: ``code`` is the registry kind (``verify_failed``),
   ``gate`` the gate that refused (``none`` otherwise), ``category`` the response-v2 category
   (``validation``, ``internal``, ...).
-* ``ftl_gate_decisions_total{gate, outcome}``: one per gate step (`count_gate`, called by the
-  gate module).
+* ``ftl_gate_decisions_total{gate, outcome}``: one per gate step (`count_gate`), counted by the
+  gate module where it runs, and by a campaign from its ``GATE_DECISION`` events.
+* ``ftl_gate_denials_total{gate, reason}``: one per refusal (ThoughtGate F-004.3); ``reason`` is
+  the refusal's registry kind (``governance_denied``, ``policy_denied``, ``approval_timeout``,
+  ...), never a rule or policy id.
 * ``ftl_retries_total{kind, outcome}``: ``kind`` is the error kind retried or recovered from
   (``none`` when the event names none); ``outcome`` is ``retried`` (a ``RETRY`` event),
   ``recovered`` or ``unrecovered`` (a ``RECOVERY_ATTEMPT`` and its ``success``).
 * ``ftl_tasks_total{status}``: finished task attempts by status (``TASK_END``).
+
+Counted once per process: a campaign's in-process tool server builds its gate with counting off
+(`ftl.server.app.connect`), so its decisions are counted only from the campaign's events; a
+server in another process (stdio, HTTP) counts in that process.
 
 Label values come from closed sets (the registry, the gates) or pass a cardinality limiter:
 beyond `MAX_LABEL_VALUES` distinct values a label records ``__other__`` (ThoughtGate's
@@ -78,6 +85,9 @@ class Metrics:
                               registry=self.registry)
         self.gate_decisions = Counter("ftl_gate_decisions_total", "Gate steps by gate and outcome.",
                                       ["gate", "outcome"], registry=self.registry)
+        self.gate_denials = Counter("ftl_gate_denials_total", "Gate refusals by gate and reason "
+                                    "(the refusal's error kind).", ["gate", "reason"],
+                                    registry=self.registry)
         self.retries = Counter("ftl_retries_total", "Retries and in-state recoveries by error kind "
                                "and outcome.", ["kind", "outcome"], registry=self.registry)
         self.tasks = Counter("ftl_tasks_total", "Finished task attempts by status.", ["status"],
@@ -100,6 +110,17 @@ class Metrics:
         if gate not in GATE_ORDER:
             raise ValueError(f"unknown gate {gate!r}; expected one of {', '.join(GATE_ORDER)}")
         self.gate_decisions.labels(gate=gate, outcome=self._limit("outcome", outcome)).inc()
+
+    def count_gate_denial(self, gate: str, reason: str) -> None:
+        """One refusal by ``gate`` (one of `ftl.errors.GATE_ORDER`) of registry kind ``reason``
+        (unknown kinds count as ``internal_error``, as `ftl.errors.kind` fails closed).
+
+        Raises:
+            ValueError: ``gate`` is not one of the four gates.
+        """
+        if gate not in GATE_ORDER:
+            raise ValueError(f"unknown gate {gate!r}; expected one of {', '.join(GATE_ORDER)}")
+        self.gate_denials.labels(gate=gate, reason=kind(reason).error_type).inc()
 
     def count_retry(self, error_type: str | None, outcome: str) -> None:
         """One retry or recovery attempt for ``error_type`` (None: ``none``) with ``outcome``."""
@@ -130,7 +151,9 @@ class EventMetrics:
     """An `ftl.events.EventLog` listener that derives the counters from events.
 
     ``TOOL_FAILURE`` -> ``ftl_errors_total``; ``RETRY`` and ``RECOVERY_ATTEMPT`` ->
-    ``ftl_retries_total``; ``TASK_END`` -> ``ftl_tasks_total``. Other events are ignored.
+    ``ftl_retries_total``; ``TASK_END`` -> ``ftl_tasks_total``; ``GATE_DECISION`` ->
+    ``ftl_gate_decisions_total`` (each ``gates`` step) and, for a refusal,
+    ``ftl_gate_denials_total`` (``denied_by``, ``reason``). Other events are ignored.
     Chain another listener (a progress view) with ``then``; it runs after the counting, and
     a failing count never stops it.
 
@@ -162,6 +185,13 @@ class EventMetrics:
                                      "recovered" if event.get("success") else "unrecovered")
         elif name == "TASK_END":
             self.metrics.count_task(event.get("status"))
+        elif name == "GATE_DECISION":
+            steps = event.get("gates") if isinstance(event.get("gates"), dict) else {}
+            for gate, outcome in steps.items():
+                if gate in GATE_ORDER:
+                    self.metrics.count_gate(gate, str(outcome))
+            if event.get("denied_by") in GATE_ORDER:
+                self.metrics.count_gate_denial(event["denied_by"], str(event.get("reason")))
 
 
 #: The process-wide counters (what `ftl serve --http` exposes and `--metrics-file` writes).
@@ -176,6 +206,11 @@ def count_error(error_type: str, *, gate: str | None = None) -> None:
 def count_gate(gate: str, outcome: str) -> None:
     """`Metrics.count_gate` on `METRICS` (for ``ftl.gate``)."""
     METRICS.count_gate(gate, outcome)
+
+
+def count_gate_denial(gate: str, reason: str) -> None:
+    """`Metrics.count_gate_denial` on `METRICS` (for ``ftl.gate``)."""
+    METRICS.count_gate_denial(gate, reason)
 
 
 def render() -> tuple[bytes, str]:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
+                      model_validator)
 
 SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 GLOB_CHARS = frozenset("*?[")
@@ -70,10 +71,89 @@ class TaskStatus(str, enum.Enum):
     BLOCKED = "blocked"
 
 
+#: Languages an idiom's ast-grep pattern may name, with the file suffixes each one checks
+#: (ast-grep's built-in grammars; `ftl.idioms` parses only files with these suffixes).
+IDIOM_LANGUAGES: dict[str, tuple[str, ...]] = {
+    "python": (".py", ".pyi"),
+    "javascript": (".js", ".mjs", ".cjs", ".jsx"),
+    "typescript": (".ts", ".mts", ".cts"),
+    "tsx": (".tsx",),
+    "go": (".go",),
+    "rust": (".rs",),
+    "java": (".java",),
+    "ruby": (".rb",),
+    "c": (".c", ".h"),
+    "cpp": (".cc", ".cpp", ".cxx", ".hpp", ".hh"),
+}
+IdiomLanguage = Literal["python", "javascript", "typescript", "tsx", "go", "rust", "java", "ruby",
+                        "c", "cpp"]
+
+
+class IdiomRule(BaseModel):
+    """An idiom that ftl checks by code (issue 15), besides its text for agents.
+
+    Exactly one of ``pattern`` (an ast-grep pattern such as ``print($$$)``, matched in files of
+    ``language``) or ``regex`` (a Python regular expression, matched line by line in every
+    changed text file). A plain string idiom stays guidance only, as in FTL.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    text: str = Field(min_length=1, description="The idiom as agents read it.")
+    pattern: str | None = Field(default=None, min_length=1,
+                                description="ast-grep pattern, e.g. 'print($$$)'.")
+    language: IdiomLanguage | None = Field(
+        default=None, description="Language of `pattern` (default python).")
+    regex: str | None = Field(default=None, min_length=1,
+                              description="Python regular expression, matched per line.")
+
+    @model_validator(mode="after")
+    def _one_matcher(self) -> "IdiomRule":
+        if (self.pattern is None) == (self.regex is None):
+            raise ValueError("an idiom object needs exactly one of 'pattern' or 'regex'")
+        if self.regex is not None:
+            if self.language is not None:
+                raise ValueError("'language' goes with 'pattern', not with 'regex'")
+            try:
+                re.compile(self.regex)
+            except re.error as error:
+                raise ValueError(f"regex {self.regex!r} does not compile: {error}") from None
+        if self.pattern is not None:
+            _check_ast_grep_pattern(self.pattern, self.language or "python")
+        return self
+
+    @property
+    def lang(self) -> str:
+        """The pattern's language (``python`` when the entry names none)."""
+        return self.language or "python"
+
+
+def _check_ast_grep_pattern(pattern: str, language: str) -> None:
+    """Raise ValueError when ast-grep cannot build a matcher from ``pattern`` (e.g. ``''``)."""
+    from ast_grep_py import SgRoot  # imported here: plans without idiom objects never load it
+
+    try:
+        SgRoot("", language).root().find_all(pattern=pattern)
+    except RuntimeError:
+        raise ValueError(f"pattern {pattern!r} is not a valid ast-grep pattern for {language}; "
+                         "write it as the code it should match, e.g. 'print($$$)'") from None
+
+
+def _idiom_tag(value: Any) -> str:
+    return "text" if isinstance(value, str) else "rule"
+
+
+# Tagged so that a bad object reports its own errors, not also "should be a string".
+IdiomEntry = Annotated[Union[Annotated[str, Tag("text")], Annotated[IdiomRule, Tag("rule")]],
+                       Discriminator(_idiom_tag)]
+
+
 class Idioms(BaseModel):
+    """A plan's idioms (FTL plan.json ``idioms``): each entry a plain string (guidance) or an
+    `IdiomRule` that ftl checks after a task's build (`ftl.idioms.check_idioms`)."""
+
     model_config = ConfigDict(extra="forbid")
-    required: list[str] = Field(default_factory=list)
-    forbidden: list[str] = Field(default_factory=list)
+    required: list[IdiomEntry] = Field(default_factory=list)
+    forbidden: list[IdiomEntry] = Field(default_factory=list)
 
 
 class Task(BaseModel):

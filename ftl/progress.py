@@ -12,7 +12,8 @@ from typing import Any, TextIO
 
 _PLAIN_EVENTS = {"STATE_ENTRY", "TASK_START", "TASK_END", "TOOL_FAILURE", "RETRY",
                  "RECOVERY_ATTEMPT", "CASCADE_STATUS", "CASCADE_PROPAGATE", "CASCADE_REPLAN",
-                 "PARTIAL_FAILURE", "RETURN", "RUN_END", "ERROR_ROUTE", "LOG_REPAIRED"}
+                 "PARTIAL_FAILURE", "RETURN", "RUN_END", "ERROR_ROUTE", "LOG_REPAIRED",
+                 "RUN_START", "TASK_INTEGRATED", "MERGE_CONFLICT"}
 
 
 def describe(event: dict[str, Any]) -> str | None:
@@ -21,6 +22,16 @@ def describe(event: dict[str, Any]) -> str | None:
     if name not in _PLAIN_EVENTS:
         return None
     state = event.get("state") or "-"
+    if name == "RUN_START":
+        line = f"isolation: {event.get('isolation') or 'shared'}"
+        return line + (f" (notice: {event['notice']})" if event.get("notice") else "")
+    if name == "TASK_INTEGRATED":
+        how = "fast-forward" if event.get("fast_forward") else "merge"
+        return f"[{state}] task {event.get('task_seq')} integrated ({how}) at {str(event.get('head'))[:12]}"
+    if name == "MERGE_CONFLICT":
+        return (f"[{state}] task {event.get('task_seq')} conflicts with task(s) "
+                f"{', '.join(event.get('other_seqs') or []) or '?'} in "
+                f"{', '.join((event.get('paths') or [])[:3])}")
     if name == "STATE_ENTRY":
         extra = f" ({event['error_type']})" if event.get("error_type") else ""
         return f"[{state}] enter{extra}"

@@ -68,6 +68,8 @@ RULES: dict[str, str] = {
     "state_transitions": "every state change is a transition of the machine",
     "task_transitions": "task starts and ends follow the task lifecycle",
     "ends_properly": "the run ends in COMPLETE or a RETURN with a summary",
+    "integration": "a task's result is integrated at most once, and only the commit made after "
+                   "its verify passed",
 }
 
 # ERROR handler overrides of the registry route (states/error.py): too many ERROR entries or a
@@ -156,6 +158,7 @@ class TaskAttempt:
     failures: list[int] | None = None  # seqs of this attempt's TOOL_FAILUREs (None: none)
     retries: int = 0
     recoveries: list[str] | None = None  # strategies of this attempt's RECOVERY_ATTEMPTs
+    commit: str | None = None  # the task commit integrated (worktree isolation)
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -175,6 +178,8 @@ class TaskInfo:
     blocked_by: list[str] = field(default_factory=lambda: _NO_ROOTS)  # replaced, never mutated
     error_type: str | None = None
     reason: str | None = None
+    commit: str | None = None  # its verified result (TASK_COMMIT, or reused after a crash)
+    integrated: int | None = None  # its place in the integration order (1-based)
 
 
 @dataclass(slots=True)
@@ -242,6 +247,7 @@ class Replay:
         self.cascade: Records[dict[str, Any]] = Records(spool, "cascade")
         self.invalid_lines: Records[dict[str, Any]] = Records(spool, "invalid_lines")
         self.repaired: Records[dict[str, Any]] = Records(spool, "repaired")
+        self.integrations: Records[dict[str, Any]] = Records(spool, "integrations")
         encode, decode = _codec(TaskInfo)
         self.tasks: TaskTable[TaskInfo] = TaskTable(
             spool, "tasks", encode, decode,
@@ -349,6 +355,7 @@ class Replay:
             "failures": many(self.failures, asdict, len(self.failures)),
             "retries": many(self.retries, same, len(self.retries)),
             "recoveries": many(self.recoveries, same, len(self.recoveries)),
+            "integrations": many(self.integrations, same, len(self.integrations)),
             "cascade": many(self.cascade, same, len(self.cascade)),
             "blocks": JsonArray(self.iter_blocks, sum(1 for _ in self.tasks.cascade()))
                       if lazy else self.blocks(),
@@ -541,6 +548,7 @@ class _Checker:
         self.prev_ts: str | None = None
         self.last_seq = 0
         self.run_index = -1
+        self.integration_count = 0  # TASK_INTEGRATED events (and crash-lost ones) so far
         self.segment: RunSegment | None = None
         self.state: str | None = None
         self.span: StateSpan | None = None
@@ -581,6 +589,7 @@ class _Checker:
             ev.CASCADE_REPLAN: self.on_cascade_replan, ev.CASCADE_PROPAGATE: self.on_cascade_propagate,
             ev.CASCADE_MERGE_FAILED: self.on_cascade_merge_failed,
             ev.LOG_REPAIRED: self.on_log_repaired, ev.RESUME: self.on_resume,
+            ev.TASK_COMMIT: self.on_task_commit, ev.TASK_INTEGRATED: self.on_task_integrated,
         }
         self.actions = ev.ACTION_EVENTS
         self._file = ""
@@ -880,6 +889,13 @@ class _Checker:
         if pending is not None:
             self.violation(seq, "classify_before_act",
                            f"RECOVERY_ATTEMPT before failure {pending.seq} was classified")
+        if strategy == "reuse_commit" and task is not None:  # committed before a crash
+            self.r.tasks.evict()
+            info = self._task(task)
+            info.commit = _s(e.get("commit"))
+            if e.get("integrated") is True and info.integrated is None:
+                self.integration_count += 1  # its TASK_INTEGRATED was lost with the crash
+                info.integrated = self.integration_count
         failure: Failure | None = None
         if op:
             state = self.ops.get(op)
@@ -894,8 +910,8 @@ class _Checker:
         attempt = self.running.get(task) if task is not None else None
         if attempt is not None and strategy:
             attempt.recoveries = [*(attempt.recoveries or ()), strategy]
-        if strategy == "replan" and success:
-            self.replan_open = True  # the merge may reopen blocked tasks
+        if strategy in ("replan", "retry_root") and success:
+            self.replan_open = True  # the merge may reopen blocked tasks (CASCADE's retry too)
 
     # --- ERROR ---
     def on_error_route(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -1003,6 +1019,7 @@ class _Checker:
         error_type = e.get("error_type")
         attempt.error_type = _intern(error_type) if type(error_type) is str else _s(error_type)
         attempt.duration_ms = _i(e.get("duration_ms"))
+        attempt.commit = _s(e.get("commit"))
         if attempt.duration_ms is None:
             attempt.duration_ms = _ms_between(attempt.start, ts)
         info = self.r.tasks[attempt.seq]
@@ -1018,6 +1035,28 @@ class _Checker:
                 del self.ops[op]
         self.r.attempts.add(attempt, self.attempt_keys.pop(task))
         self._settle_failures(task)
+
+    # --- worktree results ---
+    def on_task_commit(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.tasks.evict()
+        self._task(str(e.get("task_seq") or "")).commit = _s(e.get("commit"))
+
+    def on_task_integrated(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        self.r.tasks.evict()
+        info = self._task(str(e.get("task_seq") or ""))
+        commit = _s(e.get("commit"))
+        if info.integrated is not None:
+            self.violation(seq, "integration", f"task {info.seq} integrated twice")
+        elif commit is None or commit != info.commit:
+            self.violation(seq, "integration",
+                           f"task {info.seq} integrated commit {str(commit)[:12]}, not the one "
+                           "committed after its verify passed")
+        self.integration_count += 1
+        info.integrated = self.integration_count
+        self.r.integrations.add({"seq": seq, "ts": _s(ts), "order": self.integration_count,
+                                 "task_seq": info.seq, "commit": commit, "head": _s(e.get("head")),
+                                 "fast_forward": e.get("fast_forward") is True,
+                                 "run": self.run_index})
 
     # --- cascade ---
     def on_cascade_status(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -1235,7 +1274,15 @@ def _text_body(r: Replay) -> Iterator[str]:
                 line += f", {a.retries} retr{'y' if a.retries == 1 else 'ies'}"
             if a.failures:
                 line += f", failures at seq {', '.join(map(str, a.failures))}"
+            if a.commit:
+                line += f", commit {a.commit[:12]}"
             yield line
+    if r.integrations:
+        yield "integration (in order):"
+        for item in r.integrations:
+            how = "fast-forward" if item["fast_forward"] else f"merge -> {str(item['head'])[:12]}"
+            yield (f"  #{item['order']} seq {item['seq']} task {item['task_seq']} commit "
+                   f"{str(item['commit'])[:12]} ({how})")
     if r.failures:
         yield "failures:"
         for f in r.failures:

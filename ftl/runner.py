@@ -109,6 +109,8 @@ class Run:
     cascade_analysis: dict[str, Any] | None = None
     observation: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    isolation: str = "shared"  # the campaign's default: "worktree" or "shared"
+    worktrees: Any = None  # ftl.vcs.worktrees.Worktrees when worktree isolation is possible
     machine_state: str = State.INIT.value  # set by transitions
 
     # --- guards (named methods; transitions passes EventData) ---
@@ -133,6 +135,10 @@ class Run:
     @property
     def state(self) -> State:
         return State(self.machine_state)
+
+    def task_isolation(self, task: Any) -> str:
+        """``worktree`` or ``shared`` for ``task``: its own ``isolation``, else the campaign's."""
+        return task.isolation or self.isolation
 
     def tracked_json(self) -> dict[str, Any]:
         """The tracked variables as stored: `Tracked` plus the ``replan_merged`` marker while a
@@ -171,6 +177,34 @@ def connect_in_process(config: Config, repo: Path) -> Any:
     from ftl.server.app import connect as connect_server
 
     return connect_server(repo, config, in_process=True, max_retries=0)
+
+
+def decide_isolation(setting: str, repo: Path) -> tuple[str, str]:
+    """The campaign's isolation for the ``isolation`` setting of ftl.toml.
+
+    Returns:
+        ``(isolation, notice)``: ``worktree`` or ``shared``, and a one-line notice for the user
+        ("" when there is nothing to say).
+
+    Raises:
+        FtlError(configuration_error): ``worktree`` was asked for where it cannot work (not a
+            git work tree, no commit yet, git older than 2.38).
+    """
+    if setting == "shared":
+        return "shared", ""
+    from ftl.vcs.worktrees import probe
+
+    found = probe(repo)
+    if found.available:
+        notice = ""
+        if found.dirty:
+            notice = (f"tasks run in git worktrees from HEAD; {found.dirty} uncommitted change(s) "
+                      "in your checkout are not part of the campaign")
+        return "worktree", notice
+    if setting == "worktree":
+        raise FtlError("configuration_error", {
+            "problem": f"isolation = \"worktree\" cannot be used here: {found.reason}"})
+    return "shared", f"tasks share the repository's checkout ({found.reason}); isolation = shared"
 
 
 class Runner:
@@ -217,19 +251,22 @@ class Runner:
                 finish it first), or another ftl process is driving one.
         """
         with self._driving(None):
+            isolation, notice = decide_isolation(self.config.isolation, self.repo)
             # Connect first: a tool server that cannot be reached must not leave a campaign active.
             client = self.client_factory(self.config, self.repo)
             try:
                 # The inputs go in with the campaign: a resume must always be able to rebuild it.
                 campaign = self.store.create_campaign(
                     objective, flow=flow.value,
-                    inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input})
+                    inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
+                            "isolation": isolation})
                 run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input, client=client)
             except BaseException:
                 _close(client)
                 raise
             run.log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
-                         pid=os.getpid(), config=self.config.model_dump(mode="json"))
+                         pid=os.getpid(), config=self.config.model_dump(mode="json"),
+                         isolation=isolation, **({"notice": notice} if notice else {}))
             return self._drive(run, CampaignMachine(run, flow, State.INIT))
 
     def resume(self, campaign_id: str | None = None) -> RunResult:
@@ -271,7 +308,8 @@ class Runner:
                 _close(run.tools.client)
                 raise
             run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
-                         resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"))
+                         resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"),
+                         isolation=run.isolation)
             run.log.emit(ev.RESUME, state=None, from_state=state.value, reset_tasks=reset)
             return self._drive(run, CampaignMachine(run, run.flow, state), resumed=True)
 
@@ -304,6 +342,15 @@ class Runner:
         if self.on_event:
             log.subscribe(self.on_event)
         cancel = threading.Event()
+        isolation = (campaign.get("inputs") or {}).get("isolation") or "shared"
+        worktrees = None
+        if isolation == "worktree" or any(
+                (task or {}).get("isolation") == "worktree"
+                for task in ((plan_input or {}).get("tasks") or [])):
+            from ftl.vcs.worktrees import Worktrees, probe
+
+            if isolation == "worktree" or probe(self.repo).available:
+                worktrees = Worktrees(self.repo, campaign_id)
         policy = RetryPolicy(transient_retries=self.config.transient_retries,
                              flaky_retries=self.config.flaky_verify_retries,
                              backoff_min_s=self.config.retry_backoff_min_s,
@@ -313,7 +360,8 @@ class Runner:
                    recovery=RecoveryProtocol(log, policy, sleep=self.sleep, cancel=cancel),
                    campaign_id=campaign_id, flow=Flow(campaign.get("flow") or "campaign"),
                    objective=campaign["objective"], tracked=tracked, plan_input=plan_input,
-                   revised_plan_input=revised_plan_input, cancel=cancel)
+                   revised_plan_input=revised_plan_input, cancel=cancel, isolation=isolation,
+                   worktrees=worktrees)
 
     def _drive(self, run: Run, machine: CampaignMachine, resumed: bool = False) -> RunResult:
         """Run states until the run finishes; always ends the log with ``RUN_END`` and closes
@@ -417,8 +465,19 @@ class Runner:
         status = "complete" if finish.outcome.startswith("complete") else "returned"
         # Event before action: a kill between the two leaves an active campaign whose resume
         # finishes it again, never a finished campaign whose log has no RUN_END.
+        if run.worktrees is not None and run.worktrees.head() is not None:
+            branch = run.worktrees.integration
+            finish.summary.update(integration_branch=branch, land=f"git merge {branch}")
+            if isinstance(finish.summary.get("message"), str):
+                finish.summary["message"] += (f"\nThe campaign's work is on branch {branch}; take it "
+                                              f"with `ftl campaign land` or `git merge {branch}`.")
         self._end(run, outcome=finish.outcome, exit_code=finish.exit_code)
         self.store.finish_campaign(run.campaign_id, status, finish.summary)
+        if run.worktrees is not None:
+            kept = run.worktrees.finish()
+            if kept:
+                _LOG.info("campaign %s: task branches kept (not integrated): %s", run.campaign_id,
+                          ", ".join(kept))
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,
                          run.log.path)
 

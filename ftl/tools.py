@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any, Callable, Iterable, Protocol
 
 from ftl import events as ev
-from ftl.errors import FtlError
+from ftl.errors import GATE_ORDER, FtlError
 
 
 def fact(pred: str, *args: Any) -> dict[str, Any]:
@@ -102,6 +102,10 @@ class ToolClient:
              cancel: threading.Event | None = None) -> dict[str, Any]:
         """Select ``tool`` for ``intent`` and invoke it with ``args``; return its result dict.
 
+        A gate decision the server reports is logged as ``GATE_DECISION`` (``tool``,
+        ``outcome``, ``gates``; for a refusal also ``denied_by`` and ``reason``, the refusal's
+        error kind) before the result or the refusal is handed on (issue 15 item 4).
+
         Raises:
             FtlError(tool_not_exposed): the server did not select ``tool`` for these facts.
             FtlError: any protocol or tool error, as mapped by the MangleCP client.
@@ -118,10 +122,20 @@ class ToolClient:
             self.log.emit(ev.TOOL_CALL, state=state, tool=tool, intent=intent, macro_id=macro_id, task_seq=seq)
             try:
                 response = self.client.invoke(macro_id, args, cancel=cancel)
-            except FtlError as exc:
-                if reused and not fresh and exc.details.get("manglecp_code") in _REEVALUATE_CODES:
+            except FtlError as error:
+                if reused and not fresh and error.details.get("manglecp_code") in _REEVALUATE_CODES:
                     continue  # the server no longer knows the reused macro-tool: select again
+                gate = error.details.get("gate") or error.kind.gate
+                if gate in GATE_ORDER and error.kind.gate is not None:
+                    outcome = "timeout" if error.error_type == "approval_timeout" else "deny"
+                    self.log.emit(ev.GATE_DECISION, state=state, tool=tool, task_seq=seq,
+                                  outcome=outcome, gates={gate: outcome}, denied_by=gate,
+                                  reason=error.error_type)
                 raise
+            decision = _field(response, "x-gate_decision")
+            if isinstance(decision, dict) and isinstance(decision.get("gates"), dict):
+                self.log.emit(ev.GATE_DECISION, state=state, tool=tool, task_seq=seq,
+                              outcome=decision.get("outcome"), gates=decision["gates"])
             result = _field(response, "result")
             return result if isinstance(result, dict) else {"value": result}
         raise AssertionError("unreachable")  # the second round returns or raises

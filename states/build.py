@@ -54,11 +54,14 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
+from ftl.idioms import check_idioms, detected_frameworks, violation_error
 from ftl.machine import Flow
 from ftl.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.runner import Next, Run
 from ftl.scheduler import CancelToken, TaskOutcome
 from ftl.tools import fact
+from ftl.vcs.scope import out_of_scope
+from ftl.vcs.worktrees import MergeConflict, spec_digest
 from ftl.workspaces import build_workspace
 
 BUILD_INTENT = "build_task"
@@ -117,26 +120,50 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
         campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
         timeout_s=timeout_s, tasks=rows, memory=run.store.memory(type="failure", limit=5))
     spec = workspace.model_dump(mode="json")
-    built = _already_built(run, seq, spec)
-    # A reused build is recorded as built in the same statement: a crash cannot lose it.
-    run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
-                               built=None if built is None else {**built, "reused_build": True})
-    recorded.append(workspace)
     facts = run.facts() + [fact("task", seq, task.type.value)]
     if task.run:
         facts.append(fact("task_has_run", seq))
     if task.builder:
         facts.append(fact("builder_requested", seq, task.builder))
+    if run.task_isolation(task) == "worktree":
+        if run.worktrees is None:
+            raise FtlError("configuration_error", {
+                "problem": f"task {seq} asks for isolation = \"worktree\", but the repository is "
+                           "not a git work tree with a commit"})
+        return _attempt_in_worktree(run, task, workspace, spec, facts, cancel, started, recorded)
+    built = _already_built(run, seq, spec)
+    # A reused build is recorded as built in the same statement: a crash cannot lose it.
+    run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
+                               built=None if built is None else {**built[0], "reused_build": True})
+    recorded.append(workspace)
+    built = built[0] if built is not None else None
 
-    build_result: dict[str, Any] = built or {}
+    outcome = _build_and_verify(run, task, workspace, spec, facts, cancel, built,
+                                exclude=_concurrent_paths(run, seq, rows))
+    if isinstance(outcome, TaskOutcome):
+        return outcome
+    build_result, verify = outcome
+    return _complete(run, workspace, build_result, verify, started)
+
+
+def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any], facts: list,
+                      cancel: threading.Event, built: dict[str, Any] | None, *,
+                      exclude: list[str], tree: Any = None,
+                      round_: int = 1) -> TaskOutcome | tuple[dict[str, Any], dict[str, Any]]:
+    """Build (unless ``built`` holds a finished build's result), check the file scope, record
+    the workspace as ``built``, verify. ``tree``: the task's worktree (its staged diff against
+    its base is the scope that counts). Returns ``(build result, verify result)``, or the
+    task's outcome when it blocked or was cancelled."""
+    seq = task.seq
+    build_result: dict[str, Any] = dict(built or {})
+    builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
     if built is None:
-        builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
         build_spec = spec
         checkpoint: Path | None = None
         if builder == "shell_builder" and task.run:
-            checkpoint = _checkpoint(run, workspace)
+            checkpoint = _checkpoint(run, workspace, round_)
             build_spec = {**spec, "run": _with_checkpoint(task.run, checkpoint)}
-        others = _concurrent_paths(run, seq, rows)
+        others = exclude
 
         def build_try(number: int) -> dict[str, Any]:
             if checkpoint is not None and checkpoint.exists():
@@ -157,6 +184,12 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
         if build_spec is not spec:  # report the user's command, not the wrapper
             build_result["delivered"] = str(build_result.get("delivered") or "").replace(
                 build_spec["run"], task.run)
+    if tree is not None:  # the commit's diff decides, .gitignore honoured; reused builds too
+        changed = run.worktrees.stage(tree)
+        build_result.update(files_changed=changed, change_detection="git-commit",
+                            out_of_scope=out_of_scope(changed, [*task.delta, *task.creates],
+                                                      tree.path))
+    if built is None or tree is not None:
         scope = build_result.get("out_of_scope") or []
         if scope:
             error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
@@ -165,28 +198,144 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
             error.emitted = False
             _emit_failure(run, error, tool=builder, seq=seq)
             return _block(run, workspace, error)
-        run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "built",
-                                   _trim(build_result))
+    if built is None and round_ == 1:  # a re-run's build is not a second checkpoint
+        run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
+                                   "built", _trim(build_result))
+    violations = _idiom_violations(run, task, build_result, tree)
+    if violations:
+        error = violation_error(seq, violations)
+        _emit_failure(run, error, tool="idiom_check", seq=seq)
+        return _block(run, workspace, error)
+    workdir = tree.workdir if tree is not None else None
     try:
         verify = run.recovery.run(
-            lambda n: _verify_once(run, facts, task.verify, seq, cancel),
+            lambda n: _verify_once(run, facts, task.verify, seq, cancel, workdir),
             tool="run_verify", seq=seq, state=run.machine_state, escalate=escalate_flaky,
             cancel=cancel)
     except FtlError as error:
         if cancel.is_set():
             return TaskOutcome(seq, "cancelled", {})
         return _block(run, workspace, error)
+    return build_result, verify
+
+
+def _idiom_violations(run: Run, task: Any, build_result: dict[str, Any], tree: Any) -> list:
+    """The plan's and the detected frameworks' idioms checked on the files this task changed
+    (FTL ERROR_HANDLING idiom_violation, checked by code after the build, before verify). Only
+    the task's own delta and creates count: in a shared checkout with jobs > 1 the change list
+    can hold a parallel task's files."""
+    own = {*task.delta, *task.creates}
+    changed = [p for p in (build_result.get("files_changed") or sorted(own)) if p in own]
+    plan = run.current_plan
+    return check_idioms(tree.path if tree is not None else run.repo, changed, plan.idioms,
+                        detected_frameworks(run.exploration.get("pattern"),
+                                            plan_framework=plan.framework,
+                                            plan_confidence=plan.framework_confidence))
+
+
+def _complete(run: Run, workspace: Any, build_result: dict[str, Any], verify: dict[str, Any],
+              started: float, **detail: Any) -> TaskOutcome:
     delivered = str(build_result.get("delivered") or build_result.get("output") or "")[-2000:]
-    run.store.finish_workspace(run.campaign_id, workspace.workspace_id, attempt, "complete",
-                               {"build": _trim(build_result), "verify": _trim(verify)})
-    return TaskOutcome(seq, "complete", {
-        "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000)})
+    run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
+                               "complete", {"build": _trim(build_result), "verify": _trim(verify),
+                                            **detail})
+    return TaskOutcome(workspace.seq, "complete", {
+        "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000), **detail})
+
+
+def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, Any], facts: list,
+                         cancel: threading.Event, started: float,
+                         recorded: list[Any]) -> TaskOutcome:
+    """One attempt in the task's own worktree; its result is a commit integrated into the
+    campaign's integration branch (`ftl.vcs.worktrees`).
+
+    Resume first asks git: a commit of this task (same spec) on its branch means build and
+    verify passed before the crash, so it is integrated (if it is not already) and the task
+    completes without running anything (``RECOVERY_ATTEMPT`` reuse_commit). Else a finished
+    build whose worktree still stands on its base is verified (reuse_build), else the worktree
+    is reset to the integration head and the task built. A commit that conflicts with the
+    head (``merge_conflict``) is re-run once on the new head (``RECOVERY_ATTEMPT``
+    rebase_rerun), then the task blocks naming the other task.
+    """
+    trees = run.worktrees
+    seq, name = task.seq, workspace.workspace_id
+    commit, tree, built = None, None, None
+    build_result: dict[str, Any] = {}
+    verify: dict[str, Any] = {}
+    # Only an attempt after an earlier one (a resume, a re-run) can find its commit made.
+    earlier = workspace.attempt > 1 or bool(run.store.workspaces(run.campaign_id, seq))
+    found = trees.task_commit(name) if earlier else None
+    if found is not None and found.trailers.get("Ftl-Spec") == spec_digest(spec):
+        run.store.record_workspace(run.campaign_id, {**spec, "status": "active",
+                                                     "base_commit": found.base},
+                                   built={"status": "complete", "reused_commit": found.commit})
+        recorded.append(workspace)
+        run.recovery.recovery(strategy="reuse_commit", success=True, state=run.machine_state,
+                              task_seq=seq, commit=found.commit,
+                              integrated=trees.is_integrated(found.commit))
+        commit, build_result = found, {"reused_commit": found.commit}
+    else:
+        previous = _already_built(run, seq, spec)
+        if previous is not None and previous[1].get("base_commit"):
+            tree = trees.reuse(name, previous[1]["base_commit"])
+            built = previous[0] if tree is not None else None
+        if built is not None:  # the build finished before a crash; its files are still there
+            run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
+                                  task_seq=seq, base=tree.base)
+        tree = tree or trees.prepare(name)
+        spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
+        run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
+                                   built=None if built is None else {**built, "reused_build": True})
+        recorded.append(workspace)
+    for round_ in (1, 2):
+        if commit is None:
+            outcome = _build_and_verify(run, task, workspace, spec, facts, cancel, built,
+                                        exclude=[], tree=tree, round_=round_)
+            if isinstance(outcome, TaskOutcome):
+                return outcome
+            build_result, verify = outcome
+            commit = trees.commit(tree, seq=seq, slug=task.slug, attempt=workspace.attempt,
+                                  spec=spec)
+            changed = build_result.get("files_changed") or []
+            run.log.emit(ev.TASK_COMMIT, task_seq=seq, attempt=workspace.attempt,
+                         commit=commit.commit, base=commit.base, file_count=len(changed),
+                         files=changed[:50])
+        try:
+            return _integrate(run, workspace, commit, build_result, verify, started)
+        except MergeConflict as conflict:
+            others = conflict.other_seqs
+            error = FtlError("merge_conflict", {
+                "seq": seq, "other_seq": ", ".join(others) or "(a change outside this campaign)",
+                "paths": conflict.paths[:20]})
+            run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
+                         other_seqs=others, paths=conflict.paths[:20], round=round_)
+            _emit_failure(run, error, tool="integrate", seq=seq)
+            if round_ == 2 or cancel.is_set():
+                return _block(run, workspace, error)
+            run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
+                                  task_seq=seq, error=error, other_seqs=others)
+            tree, built, commit = trees.prepare(name), None, None
+            spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
+    raise AssertionError("unreachable: the second round returns or blocks")
+
+
+def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, Any],
+               verify: dict[str, Any], started: float) -> TaskOutcome:
+    """Integrate a verified task commit and complete the task. Raises MergeConflict."""
+    integration = run.worktrees.integrate(commit, name=workspace.workspace_id)
+    if not integration.already:
+        run.log.emit(ev.TASK_INTEGRATED, task_seq=workspace.seq, commit=commit.commit,
+                     head=integration.head, previous=integration.previous,
+                     fast_forward=integration.fast_forward)
+    return _complete(run, workspace, build_result, verify, started, commit=commit.commit,
+                     integration_head=integration.head)
 
 
 def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[str]:
-    """Paths (delta + creates) of the tasks that may run while ``seq`` runs, so the builder
-    does not charge their changes to ``seq``: none with one job (the TASK flow always has one);
-    otherwise the unfinished tasks that are neither ancestors nor descendants of ``seq``."""
+    """Paths (delta + creates) of the tasks that may run while ``seq`` runs in the shared
+    checkout, so the builder does not charge their changes to ``seq``: none with one job (the
+    TASK flow always has one); otherwise the unfinished shared tasks that are neither ancestors
+    nor descendants of ``seq`` (a task in its own worktree never touches the checkout)."""
     jobs = 1 if run.flow is Flow.TASK else run.config.jobs
     if jobs <= 1:
         return []
@@ -195,6 +344,7 @@ def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[st
     live = {r["seq"] for r in rows if r["status"] in ("pending", "running")}
     return sorted({path for other in run.current_plan.tasks
                    if other.seq in live and other.seq not in related
+                   and run.task_isolation(other) == "shared"
                    for path in (*other.delta, *other.creates)})
 
 
@@ -209,9 +359,11 @@ def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
 
 
 def _verify_once(run: Run, facts: list, command: str, seq: str,
-                 cancel: threading.Event) -> dict[str, Any]:
-    result = run.tools.call(VERIFY_INTENT, facts, "run_verify",
-                            {"command": command, "timeout_s": run.config.verify_timeout_s},
+                 cancel: threading.Event, workdir: str | None = None) -> dict[str, Any]:
+    args: dict[str, Any] = {"command": command, "timeout_s": run.config.verify_timeout_s}
+    if workdir:
+        args["workdir"] = workdir
+    result = run.tools.call(VERIFY_INTENT, facts, "run_verify", args,
                             state=run.machine_state, seq=seq, cancel=cancel)
     if not result.get("passed"):
         raise classify_command(result, what="verify", seq=seq)
@@ -271,9 +423,10 @@ def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str,
     error.emitted = True
 
 
-def _already_built(run: Run, seq: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+def _already_built(run: Run, seq: str,
+                   spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The result of a build that finished before a crash, so that resume verifies instead of
-    building again.
+    building again, with the spec of the attempt that built it: ``(result, spec)`` or None.
 
     Walks the task's attempts from the newest: ``built`` gives its result; ``complete`` its
     build result (the crash fell between the workspace's and the task's commits); ``abandoned``
@@ -288,23 +441,25 @@ def _already_built(run: Run, seq: str, spec: dict[str, Any]) -> dict[str, Any] |
             return None
         status = row.get("status")
         if status == "built":
-            return row.get("result") or {}
+            return row.get("result") or {}, old
         if status == "complete":
-            return (row.get("result") or {}).get("build") or {}
+            return (row.get("result") or {}).get("build") or {}, old
         if status != "abandoned":
             return None
         if _checkpoint_path(run, row["workspace_id"], row["attempt"]).exists():
             return {"status": "complete", "delivered": f"ran: {old.get('run') or ''}",
-                    "from_checkpoint": True}
+                    "from_checkpoint": True}, old
     return None
 
 
-def _checkpoint_path(run: Run, workspace_id: str, attempt: int) -> Path:
-    return run.repo / ".ftl" / "checkpoints" / run.campaign_id / f"{workspace_id}-{attempt}.built"
+def _checkpoint_path(run: Run, workspace_id: str, attempt: int, round_: int = 1) -> Path:
+    suffix = "" if round_ == 1 else f"-r{round_}"
+    return (run.repo / ".ftl" / "checkpoints" / run.campaign_id
+            / f"{workspace_id}-{attempt}{suffix}.built")
 
 
-def _checkpoint(run: Run, workspace: Any) -> Path:
-    path = _checkpoint_path(run, workspace.workspace_id, workspace.attempt)
+def _checkpoint(run: Run, workspace: Any, round_: int = 1) -> Path:
+    path = _checkpoint_path(run, workspace.workspace_id, workspace.attempt, round_)
     path.parent.mkdir(parents=True, exist_ok=True)
     return path.resolve()
 

@@ -1,10 +1,23 @@
 """CASCADE: decide what to do about tasks that can no longer run.
 
 cascade-status over the store's tasks; when some pending tasks are unreachable (an ancestor is
-blocked): run cascade analysis, then re-plan when at least ``replan_threshold`` tasks are
-unreachable and a planner or a revised plan is available (bounded by ``max_replans``; merge
-keeps completed work and may add tasks), else propagate the blocks to every unreachable task,
-naming its blocked root. Re-planning that is exhausted while still stuck is ``cascade_stuck``.
+blocked): run cascade analysis (`ftl.server.tools.cascade.analyze_tasks`, told whether a planner
+or an unused revised plan is available and how many re-plans are left) and do what it
+recommends, so the logged recommendation and the action always agree (issue 15 item 5):
+
+* ``replan``: at least ``replan_threshold`` tasks are unreachable behind roots that are not
+  worth a retry, and a re-plan is possible (bounded by ``max_replans``; the merge keeps
+  completed work and may add tasks). A failed re-plan propagates.
+* ``stuck``: the same, but every re-plan is used up: ``cascade_stuck`` (ERROR returns the
+  analysis).
+* ``retry``: a root blocked for a transient-looking reason that has run fewer than twice is
+  re-opened with its own spec (``RECOVERY_ATTEMPT`` retry_root, through the store's merge, the
+  only legal blocked -> pending move) and EXECUTE runs it once more.
+* ``propagate``: block every unreachable task, naming its blocked root.
+
+Failures of a re-plan that no tool call announced (the planner gave no plan, the revision does
+not merge) are emitted and classified (``TOOL_FAILURE`` tool ``replan``) before
+``CASCADE_MERGE_FAILED``.
 
 Crash safety: the merge, the incremented ``replan_count`` and the ``replan_merged`` marker are
 written in one transaction (`Store.merge_revised_plan` with ``tracked``). The marker stays in
@@ -42,13 +55,12 @@ def enter(run: Run) -> Next:
     if cascade["state"] != "stuck":
         return Next("observe")
 
-    run.cascade_analysis = analyze(run)
+    analysis = run.cascade_analysis = analyze(run)
     unreachable = cascade.get("unreachable", [])
-    planner_available = bool(run.config.planner_command) or (
-        run.revised_plan_input is not None and run.tracked.replan_count == 0)
-    if len(unreachable) >= run.config.replan_threshold and planner_available:
-        if run.tracked.replan_count >= run.config.max_replans:
-            raise FtlError("cascade_stuck", {"unreachable": len(unreachable)})
+    recommendation = analysis.get("recommendation")
+    if recommendation == "stuck":
+        raise FtlError("cascade_stuck", {"unreachable": len(unreachable)})
+    if recommendation == "replan":
         run.log.emit(ev.CASCADE_REPLAN, affected=len(unreachable))
         run.tracked.replan_count += 1
         try:
@@ -57,13 +69,50 @@ def enter(run: Run) -> Next:
                                                  max_new_tasks=run.config.max_replan_new_tasks,
                                                  tracked={**run.tracked_json(), REPLAN_MERGED: True})
         except FtlError as error:
+            _emit_failure(run, error, tool="replan")
             run.log.emit(ev.CASCADE_MERGE_FAILED, error=error.message, error_type=error.error_type)
-            run.recovery.recovery(strategy="replan", success=False, error_type=error.error_type)
+            run.recovery.recovery(strategy="replan", success=False, error=error)
         else:
             return _execute_merged(run, merge)
+    elif recommendation == "retry":
+        roots = [root["seq"] for root in analysis.get("roots", []) if root.get("retryable")]
+        try:
+            merge = run.store.merge_revised_plan(
+                run.campaign_id, _same_tasks(run, roots), max_new_tasks=0,
+                tracked={**run.tracked_json(), REPLAN_MERGED: True})
+        except FtlError as error:
+            _emit_failure(run, error, tool="retry_root")
+            run.recovery.recovery(strategy="retry_root", success=False, error=error, roots=roots)
+        else:
+            return _execute_merged(run, {**merge, "roots": roots}, strategy="retry_root")
 
     propagate(run, always_emit=True)
     return Next("observe")
+
+
+def planner_available(run: Run) -> bool:
+    """Whether a re-plan can be asked for: a planner command, or a revised plan not used yet."""
+    return bool(run.config.planner_command) or (
+        run.revised_plan_input is not None and run.tracked.replan_count == 0)
+
+
+def _same_tasks(run: Run, seqs: list[str]):
+    """The current plan restricted to ``seqs``, unchanged: merged, it re-opens those tasks."""
+    plan = run.store.get_plan(run.campaign_id)
+    wanted = set(seqs)
+    return plan.model_copy(update={"tasks": [t for t in plan.tasks if t.seq in wanted]})
+
+
+def _emit_failure(run: Run, error: FtlError, *, tool: str) -> None:
+    """TOOL_FAILURE + FAILURE_CLASSIFIED for a failure no tool call announced yet."""
+    if getattr(error, "emitted", False):
+        return
+    failure = run.log.emit(ev.TOOL_FAILURE, state="CASCADE", tool=tool,
+                           error_type=error.error_type, message=error.message,
+                           details=error.safe_details())
+    run.log.emit(ev.FAILURE_CLASSIFIED, state="CASCADE", tool=tool, failure_seq=failure["seq"],
+                 error_type=error.error_type, klass=error.kind.klass.value, decision="structural")
+    error.emitted = True
 
 
 def propagate(run: Run, *, always_emit: bool = False) -> list[tuple[str, list[str]]]:
@@ -84,11 +133,12 @@ def propagate(run: Run, *, always_emit: bool = False) -> list[tuple[str, list[st
     return propagated
 
 
-def _execute_merged(run: Run, fields: dict[str, Any]) -> Next:
-    """Hand a merged re-plan to EXECUTE (the ``replan_merged`` guard lets ``execute`` fire)."""
+def _execute_merged(run: Run, fields: dict[str, Any], strategy: str = "replan") -> Next:
+    """Hand a merged re-plan (or re-opened roots) to EXECUTE (the ``replan_merged`` guard lets
+    ``execute`` fire)."""
     run.current_plan = run.store.get_plan(run.campaign_id)
     run.replan_ok = True
-    run.recovery.recovery(strategy="replan", success=True, **fields)
+    run.recovery.recovery(strategy=strategy, success=True, **fields)
     run.log.emit(ev.PLAN_REGISTERED, replan=True, **registered(run.current_plan))
     return Next("execute")
 
@@ -100,7 +150,10 @@ def analyze(run: Run) -> dict[str, Any]:
     analysis = run.recovery.run(
         lambda n: run.tools.call("analyze_cascade", facts, "cascade_analysis",
                                  {"campaign_id": run.campaign_id,
-                                  "replan_threshold": run.config.replan_threshold},
+                                  "replan_threshold": run.config.replan_threshold,
+                                  "planner_available": planner_available(run),
+                                  "replans_left": max(0, run.config.max_replans
+                                                      - run.tracked.replan_count)},
                                  state=run.machine_state, cancel=run.cancel),
         tool="cascade_analysis", state=run.machine_state)
     run.log.emit(ev.CASCADE_ANALYSIS, recommendation=analysis.get("recommendation"),

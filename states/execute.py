@@ -63,7 +63,8 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
         else:
             run.store.transition_task(run.campaign_id, outcome.seq, "pending", reason="resume")
         run.log.emit(ev.TASK_END, task_seq=outcome.seq, worker=worker, status=outcome.status,
-                     error_type=detail.get("error_type"), duration_ms=detail.get("duration_ms"))
+                     error_type=detail.get("error_type"), duration_ms=detail.get("duration_ms"),
+                     **({"commit": detail["commit"]} if detail.get("commit") else {}))
 
     # Longest remaining chain first, with budgets standing in for unknown durations: the
     # scheduler benchmark measured 0.995 of the lower bound this way against 0.946 in seq order.

@@ -38,7 +38,7 @@ from ftl.states import build as build_state
 from ftl.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = Config(jobs=1, retry_backoff_min_s=0, retry_backoff_max_s=0)
+CONFIG = Config(jobs=1, retry_backoff_min_s=0, retry_backoff_max_s=0, isolation="shared")
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="kill points and flock need Linux")
 
@@ -117,7 +117,7 @@ KILLS = {
         "save_machine", lambda self, cid, state, *a, **k: state == "PLAN"),
 }
 KILLS[kill]()
-runner = Runner(repo, Config(jobs=1, retry_backoff_min_s=0, retry_backoff_max_s=0),
+runner = Runner(repo, Config(jobs=1, retry_backoff_min_s=0, retry_backoff_max_s=0, isolation="shared"),
                 client_factory=client, sleep=lambda seconds: None)
 if mode == "start":
     result = runner.start("crash points", plan_input=inputs["plan"],
@@ -290,8 +290,8 @@ def test_resume_walks_back_over_attempts_that_died_before_their_command(tmp_path
         store.record_workspace(cid, {**spec, "attempt": 2})
         store.reset_running(cid)  # attempt 2 died before its command: abandoned, no checkpoint
         run = _rows_run(store, cid, tmp_path)
-        assert build_state._already_built(run, "001", spec) == {"status": "complete",
-                                                                "delivered": "ran: make"}
+        assert build_state._already_built(run, "001", spec)[0] == {"status": "complete",
+                                                                   "delivered": "ran: make"}
         # A changed command (a re-plan revised the task) never reuses the old build.
         assert build_state._already_built(run, "001", {**spec, "run": "make all"}) is None
         store.record_workspace(cid, {**spec, "attempt": 3})
@@ -310,7 +310,7 @@ def test_an_abandoned_attempt_with_its_checkpoint_counts_as_built(tmp_path: Path
         checkpoint = build_state._checkpoint_path(run, "001-a", 1)
         checkpoint.parent.mkdir(parents=True)
         checkpoint.touch()
-        assert build_state._already_built(run, "001", spec)["from_checkpoint"] is True
+        assert build_state._already_built(run, "001", spec)[0]["from_checkpoint"] is True
 
 
 # --------------------------------------------------------------------------- 3: one driver per repo
@@ -456,7 +456,7 @@ def test_a_huge_retry_after_is_capped_and_a_cancel_during_the_backoff_stops_the_
         delays.append(seconds)
         cancels[-1].set()
 
-    config = Config(jobs=1, retry_backoff_min_s=0.5, retry_backoff_max_s=30)
+    config = Config(jobs=1, retry_backoff_min_s=0.5, retry_backoff_max_s=30, isolation="shared")
     result, tasks = start(repo, {"objective": "x", "tasks": [marker_task("001")]}, config=config,
                           client_factory=wrapping(on_invoke), sleep=sleep)
     assert delays == [30.0]  # min(max(backoff, a day), retry_backoff_max_s)
@@ -491,7 +491,8 @@ def _scope_run(jobs: int, flow: Flow = Flow.CAMPAIGN) -> SimpleNamespace:
 
     plan = Plan.model_validate({"objective": "x", "tasks": [
         task("001", []), task("002", ["001"]), task("003", ["002"]), task("004", []), task("005", [])]})
-    return SimpleNamespace(flow=flow, config=Config(jobs=jobs), current_plan=plan)
+    return SimpleNamespace(flow=flow, config=Config(jobs=jobs), current_plan=plan,
+                           task_isolation=lambda task: "shared")
 
 
 def test_only_tasks_that_can_run_alongside_are_excluded_from_the_scope_check() -> None:

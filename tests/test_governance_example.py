@@ -94,7 +94,9 @@ def test_run_script_is_strict_bash_and_executable() -> None:
 def test_campaign_blocks_each_refused_task_with_its_gate(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHON": sys.executable, "FTL_WORK_DIR": str(tmp_path),
            "FTL_BIN": str(Path(sys.executable).parent / "ftl")}
-    proc = subprocess.run(["bash", str(EXAMPLE / "run.sh"), "--json"], capture_output=True, text=True,
+    metrics_file = tmp_path / "metrics.prom"
+    proc = subprocess.run(["bash", str(EXAMPLE / "run.sh"), "--json", "--metrics-file",
+                           str(metrics_file)], capture_output=True, text=True,
                           env=env, timeout=240, cwd=ROOT)
     assert proc.returncode == EXPECTED["exit_code"], proc.stderr[-3000:]
     envelope = json.loads(proc.stdout)
@@ -106,11 +108,18 @@ def test_campaign_blocks_each_refused_task_with_its_gate(tmp_path: Path) -> None
         assert "no-production-deploys" not in reason and "release process" not in reason
 
     repo = tmp_path / "governance"
-    # What ran and what never did.
-    assert "four governance gates" in (repo / "docs" / "CHANGES.md").read_text()
-    assert "Governance gates" in (repo / "release" / "NOTES.md").read_text()
-    assert (repo / "release" / "VERSION").read_text() == "1.0.0\n"
-    assert "replicas = 3" in (repo / "deploy" / "production.toml").read_text()
+    branch = envelope["data"]["summary"]["integration_branch"]
+
+    def integrated(path: str) -> str:
+        return subprocess.run(["git", "show", f"{branch}:{path}"], cwd=repo, capture_output=True,
+                              text=True, check=True).stdout
+
+    # What ran and what never did (on the campaign's branch; the checkout is untouched).
+    assert "four governance gates" in integrated("docs/CHANGES.md")
+    assert "four governance gates" not in (repo / "docs" / "CHANGES.md").read_text()
+    assert "Governance gates" in integrated("release/NOTES.md")
+    assert integrated("release/VERSION") == "1.0.0\n"
+    assert "replicas = 3" in integrated("deploy/production.toml")
     logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
     assert replay(logs).violations == []
     events = list(read_events(logs[0]))
@@ -118,3 +127,36 @@ def test_campaign_blocks_each_refused_task_with_its_gate(tmp_path: Path) -> None
     assert not called & set(EXPECTED["hidden_tools"])
     partial = [e for e in events if e["event"] == "PARTIAL_FAILURE" and e.get("missing")]
     assert partial and "memory" in partial[0]["missing"]
+
+    # The campaign's own metrics carry its gate decisions (issue 15 item 4), once each: the
+    # tool server ran in a subprocess, the counts come from the GATE_DECISION events.
+    decisions = [e for e in events if e["event"] == "GATE_DECISION"]
+    builder_decisions = {e["task_seq"]: e for e in decisions if e["tool"].endswith("_builder")}
+    assert builder_decisions["001"]["outcome"] == "allow"
+    assert builder_decisions["004"]["outcome"] == "approved"
+    for seq, error_type in EXPECTED["blocked_by_gate"].items():
+        assert builder_decisions[seq]["reason"] == error_type
+        assert builder_decisions[seq]["denied_by"] == GATE_OF[error_type]
+    metrics = parse_metrics(metrics_file.read_text())
+    assert metrics[("ftl_gate_decisions_total", (("gate", "policy"), ("outcome", "allow")))] >= 1
+    assert metrics[("ftl_gate_decisions_total", (("gate", "approval"), ("outcome", "approved")))] == 1
+    denials = {labels: value for (name, labels), value in metrics.items()
+               if name == "ftl_gate_denials_total"}
+    expected_denials: dict = {}
+    for error_type in EXPECTED["blocked_by_gate"].values():
+        key = (("gate", GATE_OF[error_type]), ("reason", error_type))
+        expected_denials[key] = expected_denials.get(key, 0) + 1
+    assert denials == expected_denials
+    steps = sum(len(e["gates"]) for e in decisions)
+    assert sum(v for (name, _), v in metrics.items() if name == "ftl_gate_decisions_total") == steps
+
+
+def parse_metrics(text: str) -> dict:
+    """``{(name, ((label, value), ...)): sample}`` of a Prometheus text exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return out

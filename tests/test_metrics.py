@@ -158,3 +158,67 @@ def test_module_helpers_use_the_process_registry(tmp_path: Path) -> None:
     body, _ = metrics_module.render()
     assert b'code="rate_limited"' in body
     assert metrics_module.write_textfile(tmp_path / "m.prom").read_bytes() == metrics_module.render()[0]
+
+
+# --- issue 15 item 4: a campaign's gate decisions in its own metrics, counted once in process
+
+def _sample(registry, name: str, **labels) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+def test_in_process_campaign_counts_each_gate_decision_once(tmp_path) -> None:
+    import sys
+
+    from ftl.config import Config
+    from ftl.events import read_events
+    from ftl.metrics import METRICS, EventMetrics
+    from ftl.runner import Runner, connect_in_process
+
+    reject_002 = [sys.executable, "-c", "import json, sys; call = json.load(sys.stdin); "
+                  "sys.exit(1 if call['args']['workspace']['seq'] == '002' else 0)"]
+    gates = {"governance": {"rules": [{"match": {"tool": "shell_builder"}, "action": "approve"}]},
+             "approval": {"mode": "command", "command": reject_002, "timeout_s": 30}}
+    tasks = [{"seq": seq, "slug": f"t{seq}", "creates": [f"out/{seq}"], "budget": 1,
+              "run": f"mkdir -p out && touch out/{seq}", "verify": f"test -f out/{seq}"}
+             for seq in ("001", "002")]
+    registry = METRICS.registry  # the process-wide counters: where the gate would count too
+    approved = ("ftl_gate_decisions_total", {"gate": "approval", "outcome": "approved"})
+    governance = ("ftl_gate_decisions_total", {"gate": "governance", "outcome": "approve"})
+    rejected = ("ftl_gate_denials_total", {"gate": "approval", "reason": "approval_rejected"})
+    before = {key[0] + str(key[1]): _sample(registry, key[0], **key[1])
+              for key in (approved, governance, rejected)}
+    config = Config(jobs=1, explorer_timeout_s=30, retry_backoff_min_s=0.01, gates=gates)
+    result = Runner(tmp_path, config, client_factory=connect_in_process,
+                    on_event=EventMetrics(METRICS)).start("gated", plan_input={
+                        "objective": "gated", "tasks": tasks})
+    assert result.exit_code == 3
+    delta = {key[0] + str(key[1]): _sample(registry, key[0], **key[1]) - before[key[0] + str(key[1])]
+             for key in (approved, governance, rejected)}
+    assert delta == {approved[0] + str(approved[1]): 1, governance[0] + str(governance[1]): 1,
+                     rejected[0] + str(rejected[1]): 1}
+    decisions = [e for e in read_events(result.log_path) if e["event"] == "GATE_DECISION"
+                 and e["tool"] == "shell_builder"]
+    assert [(e["task_seq"], e["outcome"], e.get("reason")) for e in decisions] == [
+        ("001", "approved", None), ("002", "deny", "approval_rejected")]
+    assert decisions[0]["gates"] == {"visibility": "pass", "governance": "approve",
+                                     "approval": "approved"}
+
+
+def test_event_metrics_counts_gate_decision_events() -> None:
+    m = Metrics()
+    listener = EventMetrics(m)
+    listener({"event": "GATE_DECISION", "tool": "x", "outcome": "allow",
+              "gates": {"visibility": "pass", "governance": "policy", "policy": "allow"}})
+    listener({"event": "GATE_DECISION", "tool": "x", "outcome": "deny",
+              "gates": {"policy": "deny"}, "denied_by": "policy", "reason": "policy_denied"})
+    listener({"event": "GATE_DECISION", "tool": "x", "outcome": "deny",
+              "gates": {"nonsense": "deny"}, "denied_by": "nonsense", "reason": "x"})
+    reg = m.registry
+    assert _sample(reg, "ftl_gate_decisions_total", gate="policy", outcome="allow") == 1
+    assert _sample(reg, "ftl_gate_decisions_total", gate="policy", outcome="deny") == 1
+    assert _sample(reg, "ftl_gate_decisions_total", gate="governance", outcome="policy") == 1
+    assert _sample(reg, "ftl_gate_denials_total", gate="policy", reason="policy_denied") == 1
+    assert reg.get_sample_value("ftl_gate_denials_total", {"gate": "nonsense", "reason": "x"}) is None
+    m.count_gate_denial("approval", "made_up_kind")  # unknown kinds fail closed
+    assert _sample(reg, "ftl_gate_denials_total", gate="approval", reason="internal_error") == 1

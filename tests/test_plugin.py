@@ -453,8 +453,8 @@ GREET_PLAN = {"objective": "write the greeting files", "campaign": "greet", "tas
 # The first attempt marks itself started and waits to be interrupted; the resumed one finishes.
 RESUMABLE_PLAN = {"objective": "an interrupted campaign", "tasks": [
     {"seq": "001", "slug": "slow", "delta": ["slow.txt"], "creates": ["slow.txt"],
-     "run": "if [ -f .ftl/test-started ]; then echo done > slow.txt; "
-            "else touch .ftl/test-started; sleep 60; fi",
+     "run": "if [ -f \"$FTL_TEST_MARKER\" ]; then echo done > slow.txt; "
+            "else touch \"$FTL_TEST_MARKER\"; sleep 60; fi",
      "verify": "test -f slow.txt"}]}
 
 FAKE_AGENT = '''
@@ -497,7 +497,8 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CLAUDE_", "PYTHON"))}
     env.update(CLAUDE_PLUGIN_ROOT=str(ROOT), GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.invalid",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid")
+               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.invalid",
+               FTL_TEST_MARKER=str(base / "test-started"))
     plans = base / "plans"
     plans.mkdir()
     (plans / "greet.json").write_text(json.dumps(GREET_PLAN))
@@ -515,7 +516,7 @@ def scratch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     runner = subprocess.Popen(shell(f"exec ftl campaign run --plan {plans / 'resumable.json'} --json"),
                               cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True)
-    marker = repo / ".ftl" / "test-started"
+    marker = Path(env["FTL_TEST_MARKER"])
     deadline = time.monotonic() + 90
     while not marker.exists() and runner.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -580,14 +581,24 @@ def test_command_shell_lines_run(scratch: dict[str, Any]):
     by_line = {line: data for _, line, data in ran}
     resumed = by_line["ftl campaign resume --json"]
     assert resumed["outcome"] == "complete" and resumed["summary"]["tasks"][0]["attempts"] == 2
-    assert (scratch["repo"] / "slow.txt").read_text() == "done\n"
+    assert _integrated(scratch, resumed, "slow.txt") == "done\n"
+    landed = [d for s, line, d in ran if "campaign land" in line]
+    assert [d["how"] for d in landed] == ["fast-forward", "fast-forward"]
+    assert (scratch["repo"] / "hello.txt").read_text() == "hi\n"  # the greet campaign, landed
     analysis = next(d for s, _, d in ran if s == "cascade" and "roots" in d)
     assert analysis["recommendation"] == "none"
     replays = [d for s, _, d in ran if s == "replay" and "violations" in d]
     assert len(replays) == 2 and all(r["violations"] == [] for r in replays)
     agent_task = next(d for s, line, d in ran if s == "task" and "--run" not in line and "--plan" not in line)
     assert agent_task["outcome"] == "complete"
-    assert (scratch["repo"] / "task-out.txt").read_text().startswith("built by 001-task")
+    assert _integrated(scratch, agent_task, "task-out.txt").startswith("built by 001-task")
+
+
+def _integrated(scratch: dict[str, Any], data: dict[str, Any], path: str) -> str:
+    """``path`` as the campaign of ``data`` left it on its integration branch."""
+    branch = data["summary"]["integration_branch"]
+    return subprocess.run(["git", "show", f"{branch}:{path}"], cwd=scratch["repo"],
+                          capture_output=True, text=True, check=True).stdout
 
 
 # --------------------------------------------------------------------------- Claude Code CLI

@@ -1080,3 +1080,30 @@ def test_garbage_warnings_are_counted_not_listed_and_a_missing_campaign_id_is_na
     assert any("480 more lines are not JSON objects" in n for n in notes)
     assert any(n.startswith("events of other campaigns were read: (none)") for n in notes)
     assert "480 more lines" in render_text(result)
+
+
+def test_integration_invariants_catch_a_double_or_unverified_integration(tmp_path: Path) -> None:
+    from ftl.events import EventLog
+
+    path = tmp_path / "c.jsonl"
+    with EventLog(path, "c-int") as log:
+        log.emit("RUN_START", state=None, mode="campaign", objective="x", resume=False)
+        log.emit("STATE_ENTRY", state="INIT")
+        log.emit("TASK_START", state="INIT", task_seq="001", worker="w1", attempt=1)
+        log.emit("TASK_COMMIT", state="INIT", task_seq="001", commit="a" * 40, base="0" * 40)
+        log.emit("TASK_INTEGRATED", state="INIT", task_seq="001", commit="a" * 40, head="a" * 40,
+                 fast_forward=True)
+        log.emit("TASK_INTEGRATED", state="INIT", task_seq="001", commit="a" * 40, head="a" * 40,
+                 fast_forward=True)
+        log.emit("TASK_INTEGRATED", state="INIT", task_seq="002", commit="b" * 40, head="c" * 40,
+                 fast_forward=False)
+        log.emit("TASK_END", state="INIT", task_seq="001", worker="w1", status="complete",
+                 commit="a" * 40)
+    result = replay([path])
+    found = [v.message for v in result.violations if v.rule == "integration"]
+    assert found == ["task 001 integrated twice",
+                     "task 002 integrated commit bbbbbbbbbbbb, not the one committed after its "
+                     "verify passed"]
+    text = render_text(result)
+    assert "#1 seq 5 task 001 commit aaaaaaaaaaaa (fast-forward)" in text
+    assert "001 attempt 1 on w1: complete" in text and "commit aaaaaaaaaaaa" in text

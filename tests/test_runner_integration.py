@@ -89,14 +89,16 @@ def test_failure_drill_ends_as_expected(tmp_path: Path) -> None:
 
 
 def _marker_plan(tmp_path: Path, count: int = 10, sleep_s: float = 0.4) -> Path:
-    """A plan whose run commands count their completions in markers/<seq> (one line each)."""
+    """A plan whose run commands count their completions in <tmp_path>/markers/<seq> (one line
+    each; outside the repository, so the count survives worktrees and their removal)."""
+    markers = tmp_path / "markers"
     tasks = []
     for i in range(1, count + 1):
         seq = f"{i:03d}"
         deps = [f"{i - 1:03d}"] if i > 2 else "none"
-        tasks.append({"seq": seq, "slug": f"step-{i}", "delta": [], "creates": [f"markers/{seq}"],
-                      "run": f"sleep {sleep_s} && mkdir -p markers && echo done >> markers/{seq}",
-                      "verify": f"test -s markers/{seq}", "depends": deps, "timeout_s": 30})
+        tasks.append({"seq": seq, "slug": f"step-{i}", "delta": [], "creates": [],
+                      "run": f"sleep {sleep_s} && mkdir -p {markers} && echo done >> {markers}/{seq}",
+                      "verify": f"test -s {markers}/{seq}", "depends": deps, "timeout_s": 30})
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"objective": "count completions", "tasks": tasks}))
     return plan
@@ -136,7 +138,7 @@ def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, k
     summary = json.loads(resumed.stdout)["data"]["summary"]
     assert summary["complete"] == summary["total"] == 10
     for i in range(1, 11):
-        lines = (repo / "markers" / f"{i:03d}").read_text().splitlines()
+        lines = (tmp_path / "markers" / f"{i:03d}").read_text().splitlines()
         assert lines == ["done"], f"task {i:03d} completed {len(lines)} times"
     store = Store.for_repo(repo)
     assert store.integrity_check() == "ok"
@@ -164,7 +166,7 @@ def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
     assert resumed.returncode == 0, resumed.stderr
     for i in range(1, 7):
-        assert (repo / "markers" / f"{i:03d}").read_text().splitlines() == ["done"]
+        assert (tmp_path / "markers" / f"{i:03d}").read_text().splitlines() == ["done"]
     assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
 
 
@@ -258,10 +260,13 @@ def _agent_config(builder_mode: str, planner_mode: str = "plan-markdown") -> Con
 
 def test_planner_agent_and_agent_builder_run_a_campaign(tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "repo")
-    (repo / ".gitignore").write_text(".ftl/\na.py\n")
     result = Runner(repo, _agent_config("complete")).start("write a.py")
     assert result.exit_code == 0, result.summary
-    assert (repo / "a.py").read_text().startswith("# written by the fake agent")
+    assert not (repo / "a.py").exists()  # the user's checkout is untouched until landing
+    branch = result.summary["integration_branch"]
+    written = subprocess.run(["git", "show", f"{branch}:a.py"], cwd=repo, capture_output=True,
+                             text=True, check=True).stdout
+    assert written.startswith("# written by the fake agent")
     events = list(read_events(result.log_path))
     decision = next(e for e in events if e["event"] == "PLAN_DECISION")
     assert decision["decision"] == "PROCEED" and decision["tool"] == "agent_planner"

@@ -11,9 +11,10 @@ state delta and suggested next intents (spec 07). Transports (stdio, HTTP, in-pr
 bytes; they all call `ManglecpServer.handle`.
 
 Gate hook: an optional duck-typed ``gate`` object with ``visible(tool_name) -> bool`` (tools it
-hides are absent: never selected, ``macro_not_found`` on invoke) and ``check(call) -> None``
-(called on every invocation after schema validation and before anything runs; it raises an
-`FtlError` of a gate kind, rendered from that kind's registry row).
+hides are absent: never selected, ``macro_not_found`` on invoke) and ``check(call)`` (called on
+every invocation after schema validation and before anything runs; it raises an `FtlError` of a
+gate kind, rendered from that kind's registry row). When ``check`` returns an object with
+``public() -> dict``, the invoke response carries that dict as the extension ``x-gate_decision``.
 """
 
 from __future__ import annotations
@@ -918,10 +919,12 @@ class ManglecpServer:
         return tuple(sorted(name for name in self.catalog if not self._visible(name)))
 
     def _gate_check(self, tool: ToolDefinition, request_id: str, request: InvokeRequest,
-                    macro: _Macro, principal: Principal) -> None:
-        """Gates 2-4 on one invocation; a refusal becomes the error row of its kind."""
+                    macro: _Macro, principal: Principal) -> dict[str, Any] | None:
+        """Gates 2-4 on one invocation; a refusal becomes the error row of its kind. Returns
+        what the gate lets the caller see of its decision (the decision's ``public()``), if
+        anything: the invoke response carries it as ``x-gate_decision``."""
         if self.gate is None:
-            return
+            return None
         facts = macro.bound.facts
         local = self.auth is None and principal is ANONYMOUS
         # string args only: policy engines (Cedar) want homogeneous sets
@@ -933,7 +936,7 @@ class ManglecpServer:
                             "request_id": request_id, "fact_count": len(facts),
                             "predicates": sorted({f.pred for f in facts}), "facts": summary}}
         try:
-            self.gate.check(call)
+            decision = self.gate.check(call)
         except FtlError as exc:
             row = exc.kind
             log.info("gate refused %s: %s (%s)", tool.name, exc.error_type, exc.details)
@@ -949,6 +952,12 @@ class ManglecpServer:
             raise ProtocolError("internal_error",
                                 f"The gate check failed (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id}) from None
+        public = getattr(decision, "public", None)
+        try:
+            return public() if callable(public) else None
+        except Exception:  # advisory: a decision that cannot be shown is left out, never fatal
+            log.exception("gate decision for %s could not be rendered", tool.name)
+            return None
 
     def _validator(self, tool: ToolDefinition) -> Any:
         """The JSON Schema (2020-12) validator of ``tool``'s input schema, built once. jsonschema
@@ -1184,7 +1193,7 @@ class ManglecpServer:
                                 f"The args do not match the input schema of {tool.name} "
                                 f"({len(schema_errors)} error(s)).",
                                 {"schema_errors": schema_errors, "tool": tool.name})
-        self._gate_check(tool, request_id, request, macro, principal)
+        gate_decision = self._gate_check(tool, request_id, request, macro, principal)
         if tool.requires_confirmation and not principal.auto_confirms(tool.side_effects):
             token = request.confirmation_token
             if not token:
@@ -1201,11 +1210,13 @@ class ManglecpServer:
             if reason is not None:
                 raise ProtocolError("confirmation_invalid", f"The confirmation token is not valid: {reason}.",
                                     {"tool": tool.name, "macro_id": request.macro_id})
-        return self._execute(request_id, tool, request, principal, session, sink, macro.bound)
+        return self._execute(request_id, tool, request, principal, session, sink, macro.bound,
+                             gate_decision)
 
     def _execute(self, request_id: str, tool: ToolDefinition, request: InvokeRequest,
                  principal: Principal, session: Session,
-                 sink: Callable[[dict[str, Any]], None], bound: BoundContext) -> dict[str, Any]:
+                 sink: Callable[[dict[str, Any]], None], bound: BoundContext,
+                 gate_decision: dict[str, Any] | None = None) -> dict[str, Any]:
         cancel = threading.Event()
         correlation_id = uuid.uuid4().hex[:12]
         sink_lock = threading.Lock()
@@ -1287,6 +1298,8 @@ class ManglecpServer:
                                     {"correlation_id": correlation_id})
         payload = {"result": result, **self._outcome(tool, dict(request.args), result, bound, duration_ms,
                                                      correlation_id)}
+        if gate_decision is not None:
+            payload["x-gate_decision"] = gate_decision
         finished.set()
         sink(envelope("progress", request_id, {"status": "finalizing"}))
         return envelope("invoke_response", request_id, payload)

@@ -95,8 +95,9 @@ def server_info(version: str | None = None) -> ServerInfo:
         intents=INTENTS, predicates=PREDICATES, conformance_level=2, temporal=True)
 
 
-def load_gate(repo: Path, config: Config) -> Any:
-    """The gatekeeper for ``config.gates``, or None when the table is empty.
+def load_gate(repo: Path, config: Config, *, count: bool = True) -> Any:
+    """The gatekeeper for ``config.gates``, or None when the table is empty; ``count``: whether
+    it counts its decisions in `ftl.metrics` (`ftl.gate.Gatekeeper.from_config`).
 
     Raises:
         FtlError(configuration_error): gates are configured but ``ftl.gate`` cannot be imported
@@ -111,7 +112,7 @@ def load_gate(repo: Path, config: Config) -> Any:
     except (ImportError, AttributeError) as exc:
         problem = f"[gates] is configured but the gate module is unavailable ({type(exc).__name__})"
         raise FtlError("configuration_error", {"problem": problem}) from None
-    return factory(config.gates, repo=Path(repo).resolve())
+    return factory(config.gates, repo=Path(repo).resolve(), count=count)
 
 
 def _count_error_hook() -> Any:
@@ -135,7 +136,8 @@ def _count_error_hook() -> Any:
 
 def build_server(repo: Path, config: Config, *, isolation: str = "process",
                  limits: ServerLimits | None = None, auth: BearerAuth | None = None,
-                 clock: Clock | None = None, status: str = "ready", gate: Any = None) -> ManglecpServer:
+                 clock: Clock | None = None, status: str = "ready", gate: Any = None,
+                 count: bool = True) -> ManglecpServer:
     """The embedded server for ``repo``.
 
     Args:
@@ -149,22 +151,27 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
             that warms its evaluator first and then announces ``ready``).
         gate: a gate object (``visible(name)``, ``check(call)``) to use instead of the one
             ``config.gates`` describes.
+        count: count errors and gate decisions in ``ftl.metrics``. Off for a campaign's
+            in-process server (`connect` ``in_process``): the campaign counts them from its own
+            events (``TOOL_FAILURE``, ``GATE_DECISION``), and one process counts each once.
     Returns:
         a `ManglecpServer` advertising conformance level 2, whose errors are counted in
-        ``ftl.metrics`` (``ftl_errors_total``); call ``close()`` to stop its evaluation workers.
+        ``ftl.metrics`` (``ftl_errors_total``) when ``count``; each successful invocation's
+        gate decision travels in its response as ``x-gate_decision``; call ``close()`` to stop
+        its evaluation workers.
     Raises:
         FtlError(configuration_error): gates configured but unavailable (`load_gate`).
     """
     repo = Path(repo).resolve()
     if gate is None:
-        gate = load_gate(repo, config)
+        gate = load_gate(repo, config, count=count)
     catalog, _unavailable = build_catalog(repo, config)
     facts = catalog_facts(TOOL_SPECS, catalog)
     facts += [("configured", [c]) for c in configured_capabilities(config)]
     evaluator = ClingoEvaluator(DOMAIN_RULES, facts, isolation=isolation)
     return ManglecpServer(server_info(), catalog, evaluator, limits=limits, auth=auth, clock=clock,
                           status=status, skills={s.skill_id: s for s in SKILLS}, gate=gate,
-                          on_error=_count_error_hook())
+                          on_error=_count_error_hook() if count else None)
 
 
 def _server_env() -> dict[str, str]:
@@ -205,8 +212,9 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
     options: dict[str, Any] = {} if max_retries is None else {"max_retries": max_retries}
     if spec in (None, "", "embedded"):
         if in_process:
-            server = build_server(repo, config, gate=gate, isolation="thread")
-            return ManglecpClient(InProcessTransport(server, close_server=True), **options)
+            server_ = build_server(repo, config, gate=gate, count=False,  # the caller counts
+                                   isolation="thread")
+            return ManglecpClient(InProcessTransport(server_, close_server=True), **options)
         load_gate(repo, config)  # fail here, not inside the subprocess
         command = [sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(Path(repo).resolve()),
                    "--config-json", config.model_dump_json()]

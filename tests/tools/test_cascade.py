@@ -83,6 +83,9 @@ def test_no_blocked_task_means_no_roots():
     ("Network unreachable; temporarily unavailable", True),
     ("verify_failed: Task 1's verify command failed (exit 1).\ntest_timeout_handling FAILED", False),
     ("budget_exhausted: Task 001 used up its budget.", False),
+    ("approval_timeout: No approval for shell_builder arrived in time (approval gate).", False),
+    ("task_failed: Task 001's builder failed (exit 7).", False),
+    ("task_failed: pip said: connection reset by peer", True),
     ("delta insufficient - requires b.py", False),
     ("blocked by 001", False),
     (None, False),
@@ -108,3 +111,35 @@ def test_unknown_campaign_and_missing_store(tmp_path, ctx_for):
     with pytest.raises(FtlError) as unknown:
         cascade_analysis(CascadeArgs(campaign_id="c-nope"), ctx_for(tmp_path))
     assert unknown.value.error_type == "not_found"
+
+
+# --- issue 15 item 5: the recommendation knows what the runner can do
+
+def stuck_two_behind(reason="verify_failed: boom", attempts=1):
+    root = row("001", "blocked", reason=reason)
+    root["attempts"] = attempts
+    return [root, row("002", depends=["001"]), row("003", depends=["001"])]
+
+
+def test_no_planner_means_propagate_not_replan():
+    result = analyze_tasks(stuck_two_behind(), planner_available=False)
+    assert result["recommendation"] == "propagate"
+    assert result["roots"][0]["recommendation"] == "propagate"
+    assert result["planner_available"] is False
+
+
+def test_a_planner_without_replans_left_is_stuck():
+    assert analyze_tasks(stuck_two_behind(), replans_left=1)["recommendation"] == "replan"
+    result = analyze_tasks(stuck_two_behind(), replans_left=0)
+    assert result["recommendation"] == "stuck"
+    assert result["roots"][0]["recommendation"] == "propagate"
+
+
+def test_a_transient_root_is_retried_once_then_treated_as_structural():
+    first = analyze_tasks(stuck_two_behind("network_error: A network call failed.", attempts=1))
+    assert first["recommendation"] == "retry"
+    assert first["roots"][0]["retryable"] is True and first["roots"][0]["transient"] is True
+    again = analyze_tasks(stuck_two_behind("network_error: A network call failed.", attempts=2),
+                          planner_available=False)
+    assert again["roots"][0]["transient"] is True and again["roots"][0]["retryable"] is False
+    assert again["recommendation"] == "propagate"

@@ -25,9 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftl.errors import FtlError
 from ftl.models import BuildResult, Workspace
-from ftl.server.tools.context import ToolContext
+from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import CommandResult, changed_paths, run_command, snapshot_tree
 from ftl.validation import json_path
+from ftl.vcs.scope import out_of_scope
 
 __all__ = ["BuildArgs", "shell_builder", "agent_builder", "parse_build_result", "out_of_scope",
            "EX_TEMPFAIL"]
@@ -55,38 +56,6 @@ def _workspace(raw: dict[str, Any]) -> Workspace:
         raise FtlError("schema_invalid", {"count": len(violations), "violations": violations}) from None
 
 
-def _norm(path: str) -> str:
-    path = path.replace("\\", "/")
-    while path.startswith("./"):
-        path = path[2:]
-    return path
-
-
-def out_of_scope(changed: Iterable[str], allowed: Iterable[str], repo: Path | None = None,
-                 exclude: Iterable[str] = ()) -> list[str]:
-    """Changed paths a task was not allowed to touch (FTL builder rule "only delta files", §7).
-
-    A path is in scope when it equals an allowed path (``delta`` + ``creates``) or lies under an
-    allowed entry that is a directory (ends with ``/`` or is a directory in ``repo``). Paths under
-    ``exclude`` (other running tasks' scopes) and under ``.ftl/`` are never charged. Sorted.
-    """
-    files: set[str] = set()
-    dirs: list[str] = []
-    for entry in allowed:
-        entry = _norm(entry)
-        if entry.endswith("/") or (repo is not None and (repo / entry).is_dir()):
-            dirs.append(entry.rstrip("/") + "/")
-        else:
-            files.add(entry)
-    skipped = [".ftl/"]
-    for entry in exclude:
-        entry = _norm(entry)
-        files.add(entry)
-        skipped.append(entry.rstrip("/") + "/")
-    return sorted(p for p in map(_norm, changed)
-                  if p not in files and not any(p.startswith(d) for d in dirs + skipped))
-
-
 def _env(ws: Workspace) -> dict[str, str]:
     return {"FTL_WORKSPACE_ID": ws.workspace_id, "FTL_TASK_SEQ": ws.seq,
             "FTL_ATTEMPT": str(ws.attempt), "FTL_CAMPAIGN_ID": ws.campaign_id}
@@ -100,12 +69,13 @@ def _tail(text: str, limit: int) -> str:
 def _run_in_scope(ws: Workspace, args: BuildArgs, ctx: ToolContext, command: str | list[str],
                   stdin: bytes | None, limit: int) -> tuple[CommandResult, dict[str, Any]]:
     """Run ``command`` between two tree snapshots; return the result and the change keys."""
-    method, before = snapshot_tree(ctx.repo)
-    result = run_command(command, cwd=ctx.repo, timeout_s=ws.timeout_s, cancel=ctx.cancel,
+    cwd = resolve_workdir(ctx, ws.workdir, "$.workspace.workdir")
+    method, before = snapshot_tree(cwd)
+    result = run_command(command, cwd=cwd, timeout_s=ws.timeout_s, cancel=ctx.cancel,
                          stdin=stdin, env=_env(ws), output_limit_bytes=limit)
-    method, after = snapshot_tree(ctx.repo, method)
+    method, after = snapshot_tree(cwd, method)
     changed = changed_paths(before, after) if method != "unavailable" else []
-    scope = out_of_scope(changed, [*ws.delta, *ws.creates], ctx.repo, args.exclude_paths)
+    scope = out_of_scope(changed, [*ws.delta, *ws.creates], cwd, args.exclude_paths)
     return result, {"files_changed": changed, "out_of_scope": scope, "change_detection": method}
 
 
@@ -130,7 +100,8 @@ def _stopped(out: dict[str, Any], result: CommandResult, timeout_s: float) -> bo
 
 
 def shell_builder(args: BuildArgs, ctx: ToolContext) -> dict[str, Any]:
-    """Run the workspace's ``run`` command through ``/bin/sh -c`` in the repository.
+    """Run the workspace's ``run`` command through ``/bin/sh -c`` in the repository (or in the
+    workspace's ``workdir``, the task's worktree).
 
     Limits: ``workspace.timeout_s`` (s); the invocation's cancel flag. Environment adds
     FTL_WORKSPACE_ID, FTL_TASK_SEQ, FTL_ATTEMPT and FTL_CAMPAIGN_ID.

@@ -39,22 +39,27 @@ class CascadeArgs(BaseModel):
     seconds_per_budget: float = Field(_DEFAULT_SECONDS_PER_BUDGET, gt=0,
                                       description="Estimated s per budget unit for tasks without "
                                                   "a recorded duration.")
+    planner_available: bool = Field(True, description="Whether a re-plan can be asked for (a "
+                                                      "planner command or an unused revised plan).")
+    replans_left: int | None = Field(None, ge=0, description="Re-plans the campaign may still "
+                                                             "make (None: not limited).")
 
 
 def looks_transient(reason: str | None) -> bool:
     """True when a block reason names a transient cause (timeout, network, rate limit, lock).
 
     A reason that starts with a transient `ftl.errors` kind (``"rate_limited: ..."``) is
-    transient. After a structural kind (``"verify_failed: ..."``) only the first line, the
-    message, is read for such words (not the command output below it, where "timeout" may be a
-    test name); any other reason is read whole.
+    transient. After a structural kind (``"verify_failed: ..."``) only the rest of the first
+    line, the message, is read for such words (not the kind's own name, so a structural
+    ``approval_timeout`` stays structural, nor the command output below it, where "timeout" may
+    be a test name); any other reason is read whole.
     """
     text = (reason or "").strip()
-    prefix, sep, _ = text.partition(":")
+    prefix, sep, rest = text.partition(":")
     if sep and prefix.strip() in REGISTRY:
         if REGISTRY[prefix.strip()].transient:
             return True
-        text = text.splitlines()[0]
+        text = rest.splitlines()[0] if rest.strip() else ""
     return bool(_TRANSIENT_RE.search(text))
 
 
@@ -96,8 +101,14 @@ def task_durations(tasks: list[dict[str, Any]],
     return durations, estimated
 
 
+#: Runs of a task (its first and one retry) after which a transient-looking root is no longer
+#: retried by CASCADE but handled like a structural one.
+MAX_ROOT_ATTEMPTS = 2
+
+
 def analyze_tasks(tasks: list[dict[str, Any]], replan_threshold: int = 2,
-                  seconds_per_budget: float = _DEFAULT_SECONDS_PER_BUDGET) -> dict[str, Any]:
+                  seconds_per_budget: float = _DEFAULT_SECONDS_PER_BUDGET, *,
+                  planner_available: bool = True, replans_left: int | None = None) -> dict[str, Any]:
     """Cascade analysis over task rows (the store's ``tasks()`` dicts); pure.
 
     A root is a blocked task none of whose ancestors is blocked (`ftl.dag.unreachable`'s
@@ -106,20 +117,33 @@ def analyze_tasks(tasks: list[dict[str, Any]], replan_threshold: int = 2,
     * ``unreachable``: pending tasks that can never run because of it (transitively);
       ``already_blocked``: its descendants already marked blocked by propagation;
     * ``impact``: `ftl.dag.critical_path_impact` with `task_durations` (s);
-    * ``recommendation``: ``retry`` when the block looks transient (`looks_transient`), else
-      ``replan`` when it leaves at least ``replan_threshold`` tasks unreachable (FTL CASCADE:
-      stuck and >= 2 unreachable), else ``propagate``. Retry comes first on purpose: re-planning
-      around a network error or a rate limit would drop a task that only needs another go.
+    * ``retryable``: the block looks transient (`looks_transient`) and the task has run fewer
+      than `MAX_ROOT_ATTEMPTS` times (its ``attempts``), so one more run is due;
+    * ``recommendation``: ``retry`` when retryable, else ``replan`` when it leaves at least
+      ``replan_threshold`` tasks unreachable (FTL CASCADE: stuck and >= 2 unreachable) and a
+      re-plan is possible, else ``propagate``. Retry comes first on purpose: re-planning around
+      a network error or a rate limit would drop a task that only needs another go.
 
-    The overall recommendation: ``none`` without roots; ``replan`` when the tasks made
-    unreachable by non-transient roots reach the threshold; else ``retry`` if any root is
-    transient; else ``propagate``.
+    The overall recommendation, which the CASCADE state carries out as it is (issue 15 item 5):
+    ``none`` without roots; when the tasks made unreachable by roots that are not retryable
+    reach the threshold: ``replan`` if ``planner_available`` and ``replans_left`` is None or
+    positive, ``stuck`` if a planner is available but no re-plan is left (CASCADE raises
+    ``cascade_stuck``); otherwise ``retry`` if a root is retryable; else ``propagate``.
 
+    Args:
+        tasks: the store's task rows (``seq, slug, status, depends, attempts, block_reason,
+            spec, started_at, finished_at``).
+        replan_threshold: unreachable tasks that call for a re-plan.
+        seconds_per_budget: estimate per budget unit for tasks without a duration, s.
+        planner_available: a planner command or an unused revised plan exists.
+        replans_left: re-plans the campaign may still make (None: not limited).
     Returns:
-        ``{"state", "roots": [{seq, slug, reason, transient, unreachable, already_blocked,
-        impact, recommendation}], "unreachable_count", "recommendation", "critical_path":
-        {"length_s", "path"}, "estimated_durations": [seq], "replan_threshold"}``.
+        ``{"state", "roots": [{seq, slug, reason, transient, retryable, attempts, unreachable,
+        already_blocked, impact, recommendation}], "unreachable_count", "recommendation",
+        "critical_path": {"length_s", "path"}, "estimated_durations": [seq],
+        "replan_threshold", "planner_available", "replans_left"}``.
     """
+    can_replan = planner_available and (replans_left is None or replans_left > 0)
     deps = {t["seq"]: list(t.get("depends") or []) for t in tasks}
     status = {t["seq"]: t["status"] for t in tasks}
     by_seq = {t["seq"]: t for t in tasks}
@@ -136,32 +160,38 @@ def analyze_tasks(tasks: list[dict[str, Any]], replan_threshold: int = 2,
         caused = [s for s, causes in unreachable.items() if seq in causes]
         downstream = dag.descendants(deps, seq)
         transient = looks_transient(reason)
-        if transient:
+        attempts = int(by_seq[seq].get("attempts") or 0)
+        retryable = transient and attempts < MAX_ROOT_ATTEMPTS
+        if retryable:
             recommendation = "retry"
-        elif len(caused) >= replan_threshold:
+        elif len(caused) >= replan_threshold and can_replan:
             recommendation = "replan"
         else:
             recommendation = "propagate"
         root_entries.append({
             "seq": seq, "slug": by_seq[seq].get("slug"), "reason": reason[:1000],
-            "transient": transient, "unreachable": caused,
+            "transient": transient, "retryable": retryable, "attempts": attempts,
+            "unreachable": caused,
             "already_blocked": sorted((s for s in downstream if s in blocked), key=dag.seq_key),
             "impact": dag.critical_path_impact(deps, durations, seq),
             "recommendation": recommendation})
 
-    transient_roots = {r["seq"] for r in root_entries if r["transient"]}
-    structural_loss = [s for s, causes in unreachable.items() if set(causes) - transient_roots]
+    retryable_roots = {r["seq"] for r in root_entries if r["retryable"]}
+    structural_loss = [s for s, causes in unreachable.items() if set(causes) - retryable_roots]
     if not root_entries:
         overall = "none"
-    elif len(structural_loss) >= replan_threshold:
+    elif len(structural_loss) >= replan_threshold and can_replan:
         overall = "replan"
-    elif transient_roots:
+    elif len(structural_loss) >= replan_threshold and planner_available:
+        overall = "stuck"
+    elif retryable_roots:
         overall = "retry"
     else:
         overall = "propagate"
     return {"state": cascade["state"], "roots": root_entries, "unreachable_count": len(unreachable),
             "recommendation": overall, "critical_path": {"length_s": length, "path": path},
-            "estimated_durations": estimated, "replan_threshold": replan_threshold}
+            "estimated_durations": estimated, "replan_threshold": replan_threshold,
+            "planner_available": planner_available, "replans_left": replans_left}
 
 
 def cascade_analysis(args: CascadeArgs, ctx: ToolContext) -> dict[str, Any]:
@@ -179,7 +209,9 @@ def cascade_analysis(args: CascadeArgs, ctx: ToolContext) -> dict[str, Any]:
     with Store(ctx.store_path) as store:
         tasks = store.tasks(args.campaign_id)
     try:
-        return analyze_tasks(tasks, args.replan_threshold, args.seconds_per_budget)
+        return analyze_tasks(tasks, args.replan_threshold, args.seconds_per_budget,
+                             planner_available=args.planner_available,
+                             replans_left=args.replans_left)
     except graphlib.CycleError as exc:
         cycle = exc.args[1] if len(exc.args) > 1 else []
         raise FtlError("cycle_detected", {"cycle": dag.format_cycle(cycle)}) from None

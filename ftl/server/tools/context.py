@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from ftl.errors import FtlError
+
 
 @dataclass
 class ToolContext:
@@ -36,3 +38,24 @@ class ToolContext:
     @property
     def store_path(self) -> Path:
         return self.repo / ".ftl" / "ftl.db"
+
+
+def resolve_workdir(ctx: ToolContext, workdir: str | None, where: str) -> Path:
+    """The folder a command runs in: ``ctx.repo``, or ``workdir`` (relative to it) when given.
+
+    Args:
+        workdir: a relative path inside the repository (a task's worktree), or None.
+        where: the JSON path of the argument, for the error.
+
+    Raises:
+        FtlError(workspace_invalid): ``workdir`` is absolute, leaves the repository, or is not
+            an existing folder (the path itself is not echoed back).
+    """
+    if not workdir:
+        return ctx.repo
+    root = ctx.repo.resolve()
+    target = (root / workdir).resolve()
+    if Path(workdir).is_absolute() or not target.is_relative_to(root) or not target.is_dir():
+        raise FtlError("workspace_invalid", {"seq": "?", "issues": [
+            f"{where} must name an existing folder inside the repository"]})
+    return target

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ftl.server.tools.context import ToolContext
+from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import run_command
 
 __all__ = ["VerifyArgs", "run_verify"]
@@ -20,10 +20,12 @@ class VerifyArgs(BaseModel):
     model_config = ConfigDict(extra="forbid")
     command: str = Field(min_length=1, description="Shell command that exits 0 when the task is done.")
     timeout_s: float = Field(300.0, gt=0, description="Time limit, s.")
+    workdir: str | None = Field(None, description="Where to run, relative to the repository (a "
+                                                  "task's worktree); default the repository.")
 
 
 def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
-    """Run ``args.command`` through ``/bin/sh -c`` in the repository.
+    """Run ``args.command`` through ``/bin/sh -c`` in the repository (or ``args.workdir``).
 
     Returns:
         ``{"passed": exit 0 and not timed out or cancelled, "exit_code" (None when stopped),
@@ -33,8 +35,10 @@ def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
 
     Raises:
         FtlError(invalid_params): the command is blank.
+        FtlError(workspace_invalid): ``workdir`` is not a folder inside the repository.
     """
-    result = run_command(args.command, cwd=ctx.repo, timeout_s=args.timeout_s, cancel=ctx.cancel,
+    cwd = resolve_workdir(ctx, args.workdir, "$.workdir")
+    result = run_command(args.command, cwd=cwd, timeout_s=args.timeout_s, cancel=ctx.cancel,
                          output_limit_bytes=ctx.output_limit_bytes)
     return {"passed": result.ok, "exit_code": result.exit_code, "output": result.output,
             "timed_out": result.timed_out, "cancelled": result.cancelled,

@@ -1,0 +1,1 @@
+"""A tiny package the parallel-edits campaign adds two modules to."""

@@ -1,0 +1,182 @@
+"""ftl.vcs: task worktrees, task commits, integration (fast-forward, merge, conflict), landing
+and cleaning, on real git repositories."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ftl.errors import FtlError
+from ftl.vcs.land import clean, land
+from ftl.vcs.worktrees import MergeConflict, Worktrees, probe, spec_digest
+
+SPEC = {"run": "edit", "verify": "true", "delta": ["a.txt"], "creates": [], "builder": None}
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    root = tmp_path / "repo"
+    root.mkdir()
+    git(root, "init", "-q", "-b", "main")
+    (root / ".gitignore").write_text(".ftl/\n__pycache__/\n")
+    (root / "shared.txt").write_text("one\ntwo\nthree\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "init")
+    return root
+
+
+def finished_task(trees: Worktrees, name: str, path: str, text: str, base: str | None = None):
+    tree = trees.prepare(name, base)
+    (tree.path / path).write_text(text)
+    changed = trees.stage(tree)
+    return tree, changed, trees.commit(tree, seq=name[:3], slug=name[4:], attempt=1, spec=SPEC)
+
+
+def test_probe_says_why_isolation_cannot_work(tmp_path: Path, repo: Path) -> None:
+    assert probe(repo).available
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    assert probe(plain).reason == "the repository is not a git work tree"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    git(empty, "init", "-q")
+    assert probe(empty).reason == "the git repository has no commit yet"
+    (repo / "sub").mkdir()
+    assert "not the top level" in probe(repo / "sub").reason
+    (repo / "shared.txt").write_text("dirty\n")
+    assert probe(repo).dirty == 1
+
+
+def test_parallel_tasks_see_only_their_base_and_integrate_in_completion_order(repo: Path) -> None:
+    trees = Worktrees(repo, "c-1")
+    first = trees.prepare("001-a")
+    second = trees.prepare("002-b")
+    assert first.base == second.base == git(repo, "rev-parse", "HEAD")
+    (first.path / "a.txt").write_text("a\n")
+    (second.path / "b.txt").write_text("half")  # never visible to task 001
+    assert not (first.path / "b.txt").exists()
+    (first.path / "__pycache__").mkdir()
+    (first.path / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    assert trees.stage(first) == ["a.txt"]  # ignored build artefacts are not changes
+    commit_a = trees.commit(first, seq="001", slug="a", attempt=1, spec=SPEC)
+    (second.path / "b.txt").write_text("b\n")
+    assert trees.stage(second) == ["b.txt"]
+    commit_b = trees.commit(second, seq="002", slug="b", attempt=1, spec=SPEC)
+
+    fast = trees.integrate(commit_a, name="001-a")
+    assert fast.fast_forward and fast.head == commit_a.commit
+    merged = trees.integrate(commit_b, name="002-b")
+    assert not merged.fast_forward and merged.previous == commit_a.commit
+    files = git(repo, "ls-tree", "--name-only", trees.integration).splitlines()
+    assert {"a.txt", "b.txt", "shared.txt"} <= set(files)
+    assert trees.is_integrated(commit_a.commit) and trees.is_integrated(commit_b.commit)
+    # Integrating again moves nothing (a resume after a crash).
+    again = trees.integrate(commit_b, name="002-b")
+    assert again.already and again.head == merged.head
+    # The user's branch and checkout are untouched.
+    assert git(repo, "rev-parse", "main") == first.base
+    assert not (repo / "a.txt").exists()
+
+
+def test_task_commit_carries_trailers_and_is_found_again(repo: Path) -> None:
+    trees = Worktrees(repo, "c-2")
+    _, _, commit = finished_task(trees, "001-a", "a.txt", "a\n")
+    found = trees.task_commit("001-a")
+    assert found is not None and found.commit == commit.commit and found.base == commit.base
+    assert found.trailers == {"Ftl-Campaign": "c-2", "Ftl-Task": "001", "Ftl-Slug": "a",
+                              "Ftl-Attempt": "001-a/1", "Ftl-Spec": spec_digest(SPEC)}
+    assert Worktrees(repo, "c-other").task_commit("001-a") is None
+    # A fresh attempt resets the branch to its base: the old commit is no longer the result.
+    trees.prepare("001-a")
+    assert trees.task_commit("001-a") is None
+    assert not (trees.path_of("001-a") / "a.txt").exists()
+
+
+def test_conflict_moves_nothing_and_names_the_other_task(repo: Path) -> None:
+    trees = Worktrees(repo, "c-3")
+    base = trees.ensure_integration()
+    _, _, one = finished_task(trees, "001-one", "shared.txt", "one\nTWO by 001\nthree\n", base)
+    _, _, two = finished_task(trees, "002-two", "shared.txt", "one\nTWO by 002\nthree\n", base)
+    head = trees.integrate(one, name="001-one").head
+    with pytest.raises(MergeConflict) as caught:
+        trees.integrate(two, name="002-two")
+    assert caught.value.paths == ["shared.txt"] and caught.value.other_seqs == ["001"]
+    assert trees.head() == head
+    assert "TWO by 001" in git(repo, "show", f"{trees.integration}:shared.txt")
+
+
+def test_reuse_keeps_an_unfinished_build_only_on_its_base(repo: Path) -> None:
+    trees = Worktrees(repo, "c-4")
+    tree = trees.prepare("001-a")
+    (tree.path / "a.txt").write_text("built before the crash\n")
+    kept = trees.reuse("001-a", tree.base)
+    assert kept is not None and (kept.path / "a.txt").exists()
+    assert trees.reuse("001-a", "0" * 40) is None
+    assert trees.reuse("009-missing", tree.base) is None
+
+
+def test_land_fast_forwards_refuses_dirty_and_conflicting_targets(repo: Path) -> None:
+    trees = Worktrees(repo, "c-5")
+    _, _, commit = finished_task(trees, "001-a", "a.txt", "a\n")
+    trees.integrate(commit, name="001-a")
+    (repo / "shared.txt").write_text("uncommitted\n")
+    with pytest.raises(FtlError) as dirty:
+        land(repo, "c-5")
+    assert dirty.value.error_type == "conflict" and "uncommitted" in dirty.value.message
+    assert (repo / "shared.txt").read_text() == "uncommitted\n"
+    git(repo, "checkout", "-q", "--", "shared.txt")
+    landed = land(repo, "c-5")
+    assert landed.how == "fast-forward" and (repo / "a.txt").read_text() == "a\n"
+    assert land(repo, "c-5").how == "up-to-date"
+
+
+def test_land_on_a_diverged_branch_merges_or_refuses_on_conflict(repo: Path) -> None:
+    trees = Worktrees(repo, "c-6")
+    _, _, commit = finished_task(trees, "001-a", "shared.txt", "one\nfrom ftl\nthree\n")
+    trees.integrate(commit, name="001-a")
+    before = git(repo, "rev-parse", "main")
+    (repo / "shared.txt").write_text("one\nfrom the user\nthree\n")
+    git(repo, "commit", "-qam", "user edit")
+    user_head = git(repo, "rev-parse", "main")
+    with pytest.raises(FtlError) as conflict:
+        land(repo, "c-6")
+    assert "shared.txt" in conflict.value.message
+    assert git(repo, "rev-parse", "main") == user_head != before
+    assert (repo / "shared.txt").read_text() == "one\nfrom the user\nthree\n"
+    assert git(repo, "status", "--porcelain", "--untracked-files=no") == ""
+    # A branch that is not checked out lands without touching any work tree.
+    git(repo, "branch", "side", before)
+    landed = land(repo, "c-6", into="side")
+    assert landed.how == "fast-forward" and git(repo, "rev-parse", "side") == commit.commit
+    with pytest.raises(FtlError) as missing:
+        land(repo, "c-missing")
+    assert missing.value.error_type == "not_found"
+
+
+def test_finish_and_clean_remove_worktrees_and_keep_unintegrated_work(repo: Path) -> None:
+    trees = Worktrees(repo, "c-7")
+    base = trees.ensure_integration()
+    _, _, one = finished_task(trees, "001-one", "shared.txt", "x\n", base)
+    _, _, two = finished_task(trees, "002-two", "shared.txt", "y\n", base)
+    trees.integrate(one, name="001-one")
+    with pytest.raises(MergeConflict):
+        trees.integrate(two, name="002-two")
+    kept = trees.finish()
+    assert kept == ["ftl/c-7/task/002-two"]
+    assert not trees.path_of("001-one").exists() and not trees.path_of("002-two").exists()
+    assert "ftl/c-7/task/001-one" not in git(repo, "branch", "--list", "ftl/*")
+    # A crash leaves worktrees behind; clean removes them (and keeps the active campaign's).
+    Worktrees(repo, "c-8").prepare("001-left")
+    active = Worktrees(repo, "c-9")
+    active.prepare("001-live")
+    result = clean(repo, ["c-7", "c-8", "c-9"], keep_worktrees_of="c-9")
+    assert result["removed"] == ["001-left"]
+    assert active.path_of("001-live").exists()
+    assert "ftl/c-7/task/002-two" in result["kept_branches"]
