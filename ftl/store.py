@@ -31,7 +31,6 @@ may pass ``1``, ``"1"`` or ``"001"``.
 from __future__ import annotations
 
 import json
-import logging
 import re
 import sqlite3
 import threading
@@ -49,7 +48,14 @@ from ftl.errors import FtlError
 if TYPE_CHECKING:  # the models (pydantic) load only where a plan or task is parsed or written
     from ftl.models import Plan, Task, TaskStatus
 
-log = logging.getLogger("ftl.store")
+
+
+def _log() -> Any:
+    """The ``ftl.store`` logger; `logging` loads only when the store has something to report
+    (reading commands such as ``ftl campaign status`` start faster without it)."""
+    import logging
+
+    return logging.getLogger("ftl.store")
 
 BUSY_TIMEOUT_MS = 10_000
 CAMPAIGN_STATUSES = ("active", "complete", "returned", "cancelled")
@@ -339,7 +345,7 @@ class Store:
             conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
-                log.warning("store %s: journal_mode is %s, not wal", self._label, mode)
+                _log().warning("store %s: journal_mode is %s, not wal", self._label, mode)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn)
@@ -384,17 +390,17 @@ class Store:
                             message=f"The store {self._label} is locked by another process "
                                     f"(waited up to {BUSY_TIMEOUT_MS // 1000} s).")
         if any(word in text for word in ("not a database", "malformed", "corrupt", "unable to open")):
-            log.error("store %s unreadable: %r", self.path, exc)
+            _log().error("store %s unreadable: %r", self.path, exc)
             return FtlError("conflict", {"what": f"The store {self._label} is unreadable or corrupt. "
                                                  "Move it aside (ftl creates a new one) or restore a backup."})
         if isinstance(exc, sqlite3.IntegrityError):
-            log.error("store %s constraint: %r", self.path, exc)
+            _log().error("store %s constraint: %r", self.path, exc)
             return FtlError("conflict", {"what": "The change violates a store constraint; "
                                                  "re-read the current state and try again."})
         import uuid
 
         correlation_id = uuid.uuid4().hex[:12]
-        log.error("store %s error [%s]: %r", self.path, correlation_id, exc)
+        _log().error("store %s error [%s]: %r", self.path, correlation_id, exc)
         return FtlError("internal_error", {"correlation_id": correlation_id})
 
     @contextmanager
@@ -416,7 +422,7 @@ class Store:
                     try:
                         conn.execute("ROLLBACK")
                     except sqlite3.Error:
-                        log.exception("store %s: rollback failed", self.path)
+                        _log().exception("store %s: rollback failed", self.path)
                 if isinstance(exc, sqlite3.Error):
                     raise self._translate(exc) from None
                 raise
