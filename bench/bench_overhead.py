@@ -62,12 +62,14 @@ def _stamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
 
 
-def run_campaign(plan: dict[str, Any], *, jobs: int, in_process: bool) -> list[dict[str, Any]]:
-    """Run ``plan`` to its end in a fresh repository; return its events."""
+def run_campaign(plan: dict[str, Any], *, jobs: int, in_process: bool,
+                 isolation: str = "auto") -> list[dict[str, Any]]:
+    """Run ``plan`` to its end in a fresh repository (``isolation``: the config's task
+    isolation, ``auto`` = a git worktree per task); return its events."""
     with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
         repo = git_repo(Path(tmp) / "repo")
         factory = connect_in_process if in_process else connect
-        with Runner(repo, Config(jobs=jobs), client_factory=factory) as runner:
+        with Runner(repo, Config(jobs=jobs, isolation=isolation), client_factory=factory) as runner:
             result = runner.start(plan["objective"], plan_input=plan)
         if result.exit_code != 0:
             raise SystemExit(f"benchmark campaign ended with exit code {result.exit_code}: {result.summary}")
@@ -92,16 +94,16 @@ def command_baseline_ms(repeat: int = 20) -> float:
     return statistics.median(samples)
 
 
-def overhead(tasks: int, in_process: bool) -> dict[str, Any]:
+def overhead(tasks: int, in_process: bool, isolation: str = "auto") -> dict[str, Any]:
     """Per-task cost (ms) of a chain of trivial tasks; see the module doc."""
     plan = {"objective": "overhead benchmark",
             "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
-    events = run_campaign(plan, jobs=1, in_process=in_process)
+    events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
     durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
     baseline = command_baseline_ms()
     span_ms = execute_span_s(events) * 1000 / tasks
     median = statistics.median(durations)
-    return {"transport": "in-process" if in_process else "stdio", "tasks": tasks,
+    return {"transport": "in-process" if in_process else "stdio", "isolation": isolation, "tasks": tasks,
             "task_ms": round(median, 1), "span_per_task_ms": round(span_ms, 1),
             "commands_ms": round(baseline, 1), "overhead_ms": round(median - baseline, 1),
             "span_overhead_ms": round(span_ms - baseline, 1)}

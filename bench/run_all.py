@@ -260,10 +260,12 @@ def overhead(report: Report, tasks: int = 20) -> None:
     import bench_overhead
 
     for in_process, target in ((False, 15.0), (True, 5.0)):
-        row = bench_overhead.overhead(tasks, in_process)
-        report.add(f"per-task overhead ({row['transport']})", f"{row['overhead_ms']:.1f} ms",
-                   f"commands {row['commands_ms']:.1f} ms", None, f"<= {target:.0f} ms",
-                   row["overhead_ms"] <= target, task_ms=row["task_ms"], span_per_task_ms=row["span_per_task_ms"])
+        for isolation in ("auto", "shared"):  # a git worktree per task (the default), or none
+            row = bench_overhead.overhead(tasks, in_process, isolation)
+            report.add(f"per-task overhead ({row['transport']}, {'worktree' if isolation == 'auto' else 'shared'})",
+                       f"{row['overhead_ms']:.1f} ms", f"commands {row['commands_ms']:.1f} ms", None,
+                       f"<= {target:.0f} ms", row["overhead_ms"] <= target, task_ms=row["task_ms"],
+                       span_per_task_ms=row["span_per_task_ms"])
 
 
 def dag(report: Report) -> None:
