@@ -12,14 +12,13 @@ import functools
 import json
 import signal
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from ftl import envelope
-from ftl.clickutil import usage_error
+from ftl.clickutil import LazyGroup, usage_error
 from ftl.errors import FtlError
 
 EXIT_INTERNAL = 1
@@ -58,6 +57,8 @@ def handled(func: Callable[..., int | None]) -> Callable[..., None]:
         except KeyboardInterrupt:
             code = 130
         except Exception as exc:  # noqa: BLE001 - fail closed, never a traceback
+            import uuid
+
             correlation_id = uuid.uuid4().hex[:12]
             click.echo(f"internal error ({type(exc).__name__}); correlation id {correlation_id}",
                        err=True) if not as_json else None
@@ -78,7 +79,7 @@ def json_option(func: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
 
 
-class _EnvelopeGroup(click.Group):
+class _EnvelopeGroup(LazyGroup):
     """A group whose usage errors become a response-v2 envelope when ``--json`` is given."""
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
@@ -386,18 +387,16 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 
 
 def _register_optional_commands() -> None:
-    from ftl.cli_replay import diagram, replay_command
-
-    main.add_command(replay_command)
-    main.add_command(diagram)
-    from ftl.server.serve import serve
-
-    main.add_command(serve)
-    try:  # the MCP surface is optional until its module is present
-        from ftl.mcp_server import mcp
-    except ImportError:
-        return
-    main.add_command(mcp)
+    """Commands whose modules are heavy, imported only when they run (`ftl.clickutil.LazyGroup`);
+    the summaries are their help's first paragraph (tests/test_cold_start.py keeps them equal)."""
+    main.add_lazy_command("replay", "ftl.cli_replay:replay_command",
+                          "Rebuild a campaign's run from its event log(s) and check the protocol's invariants.")
+    main.add_lazy_command("diagram", "ftl.cli_replay:diagram",
+                          "Mermaid diagrams of the state machine and of a plan's DAG.")
+    main.add_lazy_command("serve", "ftl.server.serve:serve",
+                          "Run ftl's embedded MangleCP server (protocol 2026-02-draft).")
+    # the MCP surface is optional: without its module (or the mcp SDK) `ftl mcp` is unknown
+    main.add_lazy_command("mcp", "ftl.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
 
 
 _register_optional_commands()  # `python -m ftl` (ftl/__main__.py) runs `main`
