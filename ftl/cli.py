@@ -213,20 +213,55 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
     complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 130 cancelled.
     """
-    plan_input = _load_json_file(plan_file, "plan") if plan_file else None
-    revised_input = None
-    if revised_plan:
-        known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
-        revised_input = _load_json_file(revised_plan, "revised plan", known_seqs=known)
-    objective = objective or (plan_input or {}).get("objective")
-    if not objective:
-        raise FtlError("invalid_params", {"schema_errors": [
-            {"path": "OBJECTIVE", "message": "give an objective or a plan with one", "keyword": "required"}]})
-    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server, isolation=isolation)
+    intent = _record_intent(repo, objective, plan_file, revised_plan)
+    try:
+        plan_input = _load_json_file(plan_file, "plan") if plan_file else None
+        revised_input = None
+        if revised_plan:
+            known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
+            revised_input = _load_json_file(revised_plan, "revised plan", known_seqs=known)
+        objective = objective or (plan_input or {}).get("objective")
+        if not objective:
+            raise FtlError("invalid_params", {"schema_errors": [
+                {"path": "OBJECTIVE", "message": "give an objective or a plan with one",
+                 "keyword": "required"}]})
+        runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server,
+                               isolation=isolation)
+    except BaseException:
+        from ftl.intent import discard_intent
+
+        discard_intent(intent)  # refused before it began: nothing to resume
+        raise
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
-                                                  revised_plan_input=revised_input), metrics_file)
+                                                  revised_plan_input=revised_input,
+                                                  intent=intent), metrics_file)
     return _finish(result, as_json)
+
+
+def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
+                   revised_plan: Path | None) -> Path | None:
+    """Write the run's intent (`ftl.intent`) before anything slow: the objective and the plan
+    files' JSON as read (validated later, by the run or by the resume that finds it). None when
+    there is nothing to record (an unreadable plan is refused in a moment anyway)."""
+    from ftl.intent import write_intent
+
+    def read(path: Path | None) -> Any:
+        if path is None:
+            return None
+        try:
+            return json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise LookupError from None
+
+    try:
+        plan, revised = read(plan_file), read(revised_plan)
+    except LookupError:
+        return None
+    if not repo.is_dir():
+        return None
+    return write_intent(repo, {"objective": objective, "plan": plan, "revised_plan": revised,
+                               "flow": "campaign"})
 
 
 @campaign.command("resume")
@@ -276,6 +311,14 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     return 0
 
 
+def _existing_repo(repo: Path) -> Path:
+    """``repo`` resolved. Raises FtlError(not_found) when it is not a directory."""
+    repo = repo.resolve()
+    if not repo.is_dir():
+        raise FtlError("not_found", {"what": "the repository directory given by --repo"})
+    return repo
+
+
 def _campaign_for(repo: Path, campaign_id: str | None) -> dict[str, Any]:
     """``campaign_id``'s record, else the active campaign's, else the latest one's.
 
@@ -302,7 +345,7 @@ def campaign_land(campaign_id: str | None, into: str | None, repo: Path, as_json
     checkout has uncommitted changes, or when the merge conflicts."""
     from ftl.vcs.land import land
 
-    repo = repo.resolve()
+    repo = _existing_repo(repo)
     record = _campaign_for(repo, campaign_id)
     if record["status"] == "active":
         raise FtlError("conflict", {"what": f"campaign {record['id']} is still active; let it "
@@ -329,7 +372,7 @@ def campaign_clean(campaign_id: str | None, force: bool, repo: Path, as_json: bo
     from ftl.store import Store
     from ftl.vcs.land import clean
 
-    repo = repo.resolve()
+    repo = _existing_repo(repo)
     with Store.for_repo(repo) as store:
         campaigns = [store.get_campaign(campaign_id)] if campaign_id else store.list_campaigns()
         active = store.active_campaign()

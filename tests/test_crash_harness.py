@@ -96,13 +96,9 @@ ORPHAN_GRACE_S = 0.2  # a process dying of its parent's death is given this long
 LOAD_LIMIT_S = 300.0  # a busy loop ends by itself after this, whatever happens to the harness
 TOKEN_VAR = "FTL_HARNESS_TRIAL"  # in every trial process's environment: ownership, before a signal
 
-_ITEM2 = ("issue 16 item 2: the campaign is recorded only after the CLI import and the tool server's "
-          "boot; a kill before that leaves nothing and resume answers 'not found'")
 #: Counts a mode is known to show on today's code, with the issue item that removes them. Such
 #: counts make the mode's test xfail; any other count fails it. Remove an entry with its fix.
-KNOWN_DEFECTS: dict[str, dict[str, str]] = {
-    "startup": {"lost": _ITEM2, "resume_fail": _ITEM2},
-}
+KNOWN_DEFECTS: dict[str, dict[str, str]] = {}
 
 COUNTS = ("trials", "kills", "lost", "twice", "resume_fail", "violations", "orphan_done",
           "orphans", "orphan_ms", "left", "other")
@@ -1012,10 +1008,6 @@ def test_trial_processes_finds_only_token_carriers_in_the_named_groups(tmp_path:
 
 # --- issue 16: resume works from the first second -------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason=(
-    "issue 16 item 2: `ftl campaign run` records the campaign only after importing the CLI "
-    "(~0.7-1 s, ftl.cli imports the MCP and server modules) and booting the tool server, so a "
-    "kill at 0.5 s leaves nothing and resume answers 'an active campaign to resume was not found'"))
 def test_kill_half_a_second_after_run_starts_then_resume_completes(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -1043,8 +1035,11 @@ def test_kill_half_a_second_after_run_starts_then_resume_completes(tmp_path: Pat
         assert {t["status"] for t in store.tasks(campaign["id"])} == {"complete"}
     finally:
         store.close()
+    branch = json.loads(resumed.stdout)["data"]["summary"]["integration_branch"]
     for seq in ("001", "002", "003"):
-        assert (repo / "out" / f"{seq}.txt").read_text().strip() == seq
+        shown = subprocess.run(["git", "show", f"{branch}:out/{seq}.txt"], cwd=repo,
+                               capture_output=True, text=True, check=True)
+        assert shown.stdout.strip() == seq
 
 
 def _ns(ts: str) -> int:
