@@ -61,7 +61,6 @@ import click  # noqa: E402
 from ftl import envelope  # noqa: E402
 from ftl.clickutil import usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
-from ftl.models import EXPLORER_MODES, normalize_seq, quorum_met  # noqa: E402
 from ftl.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
 
 __all__ = [
@@ -447,6 +446,8 @@ def parse_workspace_ref(text: str) -> tuple[str, str | None]:
 
     Raises: FtlError(schema_invalid) for anything else.
     """
+    from ftl.models import normalize_seq  # pydantic: imported only where a seq is parsed
+
     raw = text.strip()
     fix = "use <seq>-<slug> (e.g. 001-add-parser), a seq, or a path ending in 001_add-parser_active.xml"
     try:
@@ -520,6 +521,8 @@ def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
     without a usable result], modes: {mode: "complete" | "error" | "pending"}, rows: n,
     quorum_required: k, quorum_met: bool}``.
     """
+    from ftl.models import EXPLORER_MODES, quorum_met
+
     usable = {r["mode"] for r in results if r.get("status") in ("ok", "partial")}
     seen = {r["mode"] for r in results}
     modes = {mode: "complete" if mode in usable else ("error" if mode in seen else "pending")
@@ -609,3 +612,13 @@ def ftl_plan_task(task) -> dict[str, Any]:
     view["depends"] = ftl_depends(task.depends)
     view.update({k: v for k, v in dumped.items() if k not in view})
     return view
+
+
+def __getattr__(name: str) -> Any:
+    """``EXPLORER_MODES``, re-exported lazily: `ftl.models` loads pydantic, which the light
+    commands (``campaign.py status``, ``ready-tasks``) never need (PEP 562)."""
+    if name == "EXPLORER_MODES":
+        from ftl.models import EXPLORER_MODES
+
+        return EXPLORER_MODES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
