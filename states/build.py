@@ -390,7 +390,7 @@ class _ClaudeTries:
             error.details.update({key: result[key] for key in (
                 "session_id", "idle_timeout_s", "reopens_at", "limit_kind", "max_turns")
                 if result.get(key) is not None}, agent_cost=dict(self.cost))
-            if error.error_type == "agent_login_required":
+            if error.error_type in ("agent_login_required", "configuration_error"):
                 error.details["problem"] = str(result.get("reason") or "not logged in")
             if error.error_type == "budget_exhausted":
                 error.details["budget"] = spec.get("budget")

@@ -16,7 +16,8 @@ Outcomes (``error_type`` of the builder result, classified by `ftl.recovery.clas
 * ``result`` subtype ``success`` and exit 0 -> ``complete`` (or ``blocked`` when the agent's last
   message holds a ``{"status": "blocked", ...}`` build result); ftl then verifies;
 * ``error_max_turns`` -> ``budget_exhausted`` (FTL: the budget is used up; route OBSERVE);
-* no credentials (``Not logged in · Please run /login``) -> ``agent_login_required``;
+* no credentials (``Not logged in · Please run /login``) -> ``agent_login_required``; an
+  ``--agent`` the CLI does not know (the plugin is not installed) -> ``configuration_error``;
 * a 429, overloaded or usage-limit error -> ``rate_limited`` with ``retry_after_ms`` and
   ``reopens_at`` (ISO 8601 UTC) when the message says when; the runner closes its rate gate;
 * no line for ``idle_timeout_s`` -> ``stalled`` (transient) with the ``session_id``: the retry
@@ -32,6 +33,7 @@ malformed lines, unknown events).
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -44,6 +46,8 @@ from ftl.server.tools.builders import (AGENT_STDOUT_LIMIT, _base, _run_in_scope,
                                        _workspace, parse_build_result)
 from ftl.server.tools.claude_stream import StreamReader, StreamSummary, limit_from_text, not_logged_in
 from ftl.server.tools.context import ToolContext
+
+_MISSING_AGENT = re.compile(r"--agent '([^']{1,100})' not found")
 
 __all__ = ["ClaudeBuildArgs", "claude_builder", "claude_argv", "builder_prompt", "outcome"]
 
@@ -100,6 +104,12 @@ def outcome(summary: StreamSummary, *, exit_code: int | None, stderr: str,
     if idle_timed_out:
         return {"status": "failed", "error_type": "stalled",
                 "reason": "no stream event within idle_timeout_s; the agent was stopped"}
+    missing_agent = _MISSING_AGENT.search(stderr)
+    if missing_agent and not summary.result_seen:
+        return {"status": "failed", "error_type": "configuration_error",
+                "reason": f"Claude Code has no agent {missing_agent.group(1)!r}: install the ftl "
+                          "plugin (claude plugin install ftl@ftl), add --plugin-dir to "
+                          "[claude] extra_args, or set [claude] agent"}
     if any(not_logged_in(text) for text in errors):
         return {"status": "failed", "error_type": "agent_login_required",
                 "reason": next(text for text in errors if not_logged_in(text))[:300]}
