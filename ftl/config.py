@@ -36,6 +36,7 @@ class ClaudeSettings(BaseModel):
     turns_per_budget: int = Field(10, ge=1, le=1000, description=(
         "--max-turns = task budget x this (FTL's budget counts tool calls; a turn is one "
         "model response with its tool calls)."))
+    planner_max_turns: int = Field(30, ge=1, le=1000, description="--max-turns of a planner run.")
     idle_timeout_s: float = Field(600.0, gt=0, description=(
         "No stream event for this long (s): the agent is stalled, stopped and resumed once."))
 

@@ -146,3 +146,31 @@ def test_max_cost_usd_stops_new_agent_starts(tmp_path: Path) -> None:
     failure = next(e for e in _events(repo) if e["event"] == "TOOL_FAILURE")
     assert "max_cost_usd" in failure["message"] and failure["task_seq"] == "003"
     assert len(runs) == 2  # the third agent never started
+
+
+def test_claude_as_planner_clarify_then_plan_with_its_cost(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "app").mkdir(parents=True)
+    (repo / "app" / "__init__.py").write_text("")
+    (repo / "ftl.toml").write_text(
+        'builder = "claude"\nplanner = "claude"\njobs = 1\n'
+        f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    argv_dir = tmp_path / "argv"
+    proc = subprocess.run([ENV["FTL_BIN"], "campaign", "run", "write a planned module", "--repo",
+                           str(repo), "--json"], capture_output=True, text=True, timeout=180,
+                          env={**ENV, "FTL_STAND_IN_LOG": str(argv_dir),
+                               "FTL_STAND_IN_SCENARIOS": json.dumps({"planner": "clarify_once"})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = _events(repo)
+    decisions = [e for e in log if e["event"] == "PLAN_DECISION"]
+    assert [(d["decision"], d["tool"]) for d in decisions] == [("CLARIFY", "claude_planner"),
+                                                               ("PROCEED", "claude_planner")]
+    assert decisions[0]["questions"] == ["Which module should hold the greeting?"]
+    assert all(d["total_cost_usd"] == 0.031 for d in decisions)
+    runs = _argv_log(argv_dir)
+    assert [r["slug"] for r in runs] == ["planner", "planner", "planned"]
+    assert runs[0]["argv"][runs[0]["argv"].index("--agent") + 1] == "ftl:planner"
+    assert runs[0]["argv"][runs[0]["argv"].index("--max-turns") + 1] == "30"

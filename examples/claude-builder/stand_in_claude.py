@@ -19,6 +19,10 @@ Scenario per task: ``FTL_STAND_IN_SCENARIOS`` is a JSON object ``{slug: scenario
 * ``crash``: stops mid-stream without a result (exit 3);
 * ``not_logged_in``: the real CLI's reply when it has no credentials.
 
+As a planner (the prompt holds ``{"mode", "objective", ...}``; scenario key ``planner``):
+``plan`` (default) answers a one-task plan; ``clarify_once`` first asks a question
+(Confidence: CLARIFY), then plans.
+
 ``FTL_STAND_IN_WORK_S`` (default 0): seconds a successful run spends "working";
 ``FTL_STAND_IN_RESET_S`` (default 2): how far ahead the usage limit resets.
 
@@ -106,12 +110,27 @@ def _succeed(session: str, workspace: dict, noisy: bool = False) -> int:
     return 0
 
 
+def _plan(session: str, planning: dict, clarify: bool) -> int:
+    """The planner's answer: a one-task plan, or (``clarify``) a CLARIFY with a question."""
+    if clarify:
+        text = "Confidence: CLARIFY\n\n## Questions\n1. Which module should hold the greeting?\n"
+    else:
+        text = json.dumps({"objective": planning.get("objective"), "tasks": [
+            {"seq": "001", "slug": "planned", "type": "BUILD", "delta": [],
+             "creates": ["app/planned.py"], "verify": "test -f app/planned.py", "budget": 1,
+             "depends": "none"}]})
+    _emit(_assistant(session, text))
+    _emit(_result(session, "success", cost=0.031, turns=2, text=text))
+    return 0
+
+
 def main() -> int:
     argv = sys.argv[1:]
     prompt = sys.stdin.read()
     block = re.search(r"```json\n(.*?)\n```", prompt, re.S)
     workspace = json.loads(block.group(1)) if block else {}
-    slug = workspace.get("slug") or "task"
+    planning = "mode" in workspace and "objective" in workspace and "seq" not in workspace
+    slug = "planner" if planning else (workspace.get("slug") or "task")
     scenarios = json.loads(os.environ.get("FTL_STAND_IN_SCENARIOS") or "{}")
     scenario = scenarios.get(slug) or scenarios.get("*") or "success"
     log_dir = os.environ.get("FTL_STAND_IN_LOG")
@@ -131,6 +150,8 @@ def main() -> int:
            "permissionMode": _flag(argv, "--permission-mode") or "default",
            "claude_code_version": "2.1.329"})
     first = runs == 1
+    if planning:
+        return _plan(session, workspace, clarify=scenario == "clarify_once" and first)
     if scenario == "not_logged_in":
         _emit(_assistant(session, "Not logged in · Please run /login", error="authentication_failed"))
         _emit(_result(session, "success", cost=0, turns=1, is_error=True,

@@ -315,6 +315,14 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
              "(or the re-plan input) and returns its decision: PROCEED with a plan, CLARIFY with "
              "questions, or CONFIRM.", ("process", "network"),
              capability="agent_planner", server_bound=("command",), outcome=plan_outcome),
+    ToolSpec("claude_planner", "claude", "claude_planner", "ClaudePlannerArgs",
+             ("plan_campaign", "replan_campaign"),
+             "Ask Claude Code for a plan.",
+             "Runs `claude -p --output-format stream-json` with the ftl:planner agent on the "
+             "objective and exploration (or the re-plan input) and returns its decision: PROCEED "
+             "with a plan, CLARIFY with questions, or CONFIRM; with its cost.",
+             ("process", "network"), conflicts=("agent_planner",),
+             capability="claude_planner", server_bound=("claude",), outcome=plan_outcome),
     ToolSpec("shell_builder", "builders", "shell_builder", "BuildArgs", ("build_task",),
              "Run the task's run command in its workspace.",
              "Runs the workspace's `run` shell command in the repository with the task's time "
@@ -355,6 +363,7 @@ def server_bound_values(config: Config) -> dict[str, dict[str, Any]]:
     """Per tool, the values the server binds from the configuration."""
     return {"agent_builder": {"command": config.agent_command},
             "claude_builder": {"claude": config.claude},
+            "claude_planner": {"claude": config.claude},
             "agent_planner": {"command": config.planner_command}}
 
 
@@ -367,6 +376,8 @@ def configured_capabilities(config: Config) -> list[str]:
         capabilities.append("agent_planner")
     if config.builder == "claude":
         capabilities.append("claude_builder")
+    if config.planner == "claude":
+        capabilities.append("claude_planner")
     return capabilities
 
 

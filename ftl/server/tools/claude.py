@@ -46,10 +46,12 @@ from ftl.server.tools.builders import (AGENT_STDOUT_LIMIT, _base, _run_in_scope,
                                        _workspace, parse_build_result)
 from ftl.server.tools.claude_stream import StreamReader, StreamSummary, limit_from_text, not_logged_in
 from ftl.server.tools.context import ToolContext
+from ftl.server.tools.planner import parse_planner_output
+from ftl.server.tools.proc import run_command
 
 _MISSING_AGENT = re.compile(r"--agent '([^']{1,100})' not found")
 
-__all__ = ["ClaudeBuildArgs", "claude_builder", "claude_argv", "builder_prompt", "outcome"]
+__all__ = ["ClaudeBuildArgs", "ClaudePlannerArgs", "claude_builder", "claude_planner", "claude_argv", "builder_prompt", "outcome"]
 
 
 class ClaudeBuildArgs(BaseModel):
@@ -187,3 +189,72 @@ def claude_builder(args: ClaudeBuildArgs, ctx: ToolContext,
     if out["error_type"] and not str(out.get("output") or "").strip():
         out["output"] = json.dumps({"errors": summary.errors[-3:]})[:2000]
     return out
+
+
+class ClaudePlannerArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    objective: str = Field(min_length=1, description="The campaign objective.")
+    exploration: dict[str, Any] = Field(default_factory=dict,
+                                        description="Aggregated explorer results.")
+    replan: dict[str, Any] | None = Field(
+        None, description="Re-plan input (completed/blocked/remaining tasks); selects replan mode.")
+    timeout_s: float = Field(600.0, gt=0, description="Time limit for the planner, s.")
+    claude: ClaudeSettings | None = Field(None, description="Server-bound: the [claude] table.")
+
+
+def claude_planner(args: ClaudePlannerArgs, ctx: ToolContext,
+                   clock: Callable[[], datetime] = lambda: datetime.now(timezone.utc)
+                   ) -> dict[str, Any]:
+    """Run Claude Code as ftl's planner (``planner = "claude"``): the planning input
+    ``{"mode", "objective", "exploration", "replan"?}`` as the prompt, ``--agent
+    claude.planner_agent``, ``--max-turns claude.planner_max_turns``, in the repository.
+
+    The answer is the ``result`` event's text, read by
+    `ftl.server.tools.planner.parse_planner_output` (a JSON plan, or a ``Confidence:`` header
+    with a fenced plan or questions: CLARIFY is handled by the runner as for any planner).
+
+    Returns:
+        `ftl.server.tools.planner.agent_planner`'s keys (``decision``, ``plan``?,
+        ``questions``, ``inferred``, ``markers``, ``exit_code``, ``timed_out``, ``cancelled``,
+        ``duration_ms``, ``output_tail``) plus the cost keys (``total_cost_usd``,
+        ``num_turns``, ``duration_api_ms``, ``usage``, ``session_id``) and, when the run
+        failed, ``error_type`` (``agent_login_required``, ``rate_limited`` with
+        ``retry_after_ms``, ``budget_exhausted``, ``stalled``, ``configuration_error``,
+        ``task_failed``) with ``reason``.
+
+    Raises:
+        FtlError(configuration_error): the server has no ``[claude]`` settings bound.
+    """
+    settings = args.claude
+    if settings is None:
+        raise FtlError("configuration_error", {"problem": "claude_planner needs the [claude] "
+                                                          "table (planner = \"claude\")"})
+    payload: dict[str, Any] = {"mode": "replan" if args.replan is not None else "plan",
+                               "objective": args.objective, "exploration": args.exploration}
+    if args.replan is not None:
+        payload["replan"] = args.replan
+    prompt = ("Plan this ftl campaign. Answer with the plan JSON (schemas/plan.schema.json), or "
+              "a Confidence: CLARIFY header and your questions.\n\n```json\n"
+              + json.dumps(payload, indent=2) + "\n```\n")
+    reader = StreamReader()
+    result = run_command(claude_argv(settings, max_turns=settings.planner_max_turns,
+                                     agent=settings.planner_agent),
+                         cwd=ctx.repo, timeout_s=args.timeout_s, cancel=ctx.cancel,
+                         stdin=prompt.encode(), env={"FTL_PLANNER_MODE": payload["mode"]},
+                         output_limit_bytes=max(ctx.output_limit_bytes, AGENT_STDOUT_LIMIT),
+                         on_stdout_line=reader.feed, idle_timeout_s=settings.idle_timeout_s)
+    summary = reader.summary
+    parsed: dict[str, Any] = {"decision": "UNKNOWN", "questions": [], "inferred": False,
+                              "markers": []}
+    out: dict[str, Any] = {"error_type": None, "reason": None}
+    if not (result.timed_out or result.cancelled):
+        decided = outcome(summary, exit_code=result.exit_code, stderr=result.stderr,
+                          idle_timed_out=result.idle_timed_out, now=clock())
+        if decided["status"] == "failed":
+            out = {key: value for key, value in decided.items() if key != "status"}
+        else:
+            parsed = parse_planner_output(summary.result_text)
+    tail = result.output.encode()[-ctx.output_limit_bytes:].decode("utf-8", errors="replace")
+    return {**parsed, **out, **summary.cost_fields(), "exit_code": result.exit_code,
+            "timed_out": result.timed_out, "cancelled": result.cancelled,
+            "duration_ms": result.duration_ms, "output_tail": tail}
