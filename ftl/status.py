@@ -37,7 +37,7 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
         if record is None:
             return None
         tasks = store.tasks(record["id"])
-        spend = _agent_spend(store.workspaces(record["id"]))
+        spend = agent_spend(store.workspaces(record["id"]))
     cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks},
                                  {t["seq"]: t["status"] for t in tasks})
     rows = [{key: t.get(key) for key in TASK_KEYS} for t in tasks]
@@ -50,7 +50,7 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
             "tasks": rows, "cascade": cascade}
 
 
-def _agent_spend(workspaces: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def agent_spend(workspaces: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per task seq, the agent builds' ``cost_usd`` (USD) and ``num_turns`` summed over its
     attempts, read from each workspace's stored build result (``total_cost_usd``, issue 12);
     tasks built without an agent that reports cost are absent."""

@@ -61,6 +61,7 @@ from ftl.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.runner import Next, Run
 from ftl.scheduler import CancelToken, TaskOutcome
 from ftl.states.execute import AGENT_COST_KEYS
+from ftl.status import agent_spend
 from ftl.tools import fact
 from ftl.vcs.scope import out_of_scope
 from ftl.vcs.worktrees import MergeConflict, spec_digest
@@ -366,6 +367,8 @@ class _ClaudeTries:
 
     def build(self, facts: list, spec: dict[str, Any], exclude: list[str]) -> dict[str, Any]:
         run, limits = self.run, self.run.agent_limits
+        limits.spend.seed_once(lambda: sum(
+            item["cost_usd"] for item in agent_spend(run.store.workspaces(run.campaign_id)).values()))
         if limits.spend.reached(run.config.max_cost_usd):
             raise FtlError("budget_exhausted", {"seq": self.seq, "budget": run.config.max_cost_usd},
                            message=f"Task {self.seq} not started: the campaign's agent spend "

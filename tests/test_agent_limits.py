@@ -83,3 +83,11 @@ def test_spend_adds_up_and_reaches_the_limit() -> None:
     assert spend.total_usd == 0.3 and not spend.reached(0.5)
     spend.add(0.2)
     assert spend.reached(0.5) and not spend.reached(None)
+
+
+def test_a_resume_seeds_the_spend_of_earlier_runs_once() -> None:
+    spend = SpendLimit()
+    spend.seed_once(lambda: 0.75)
+    spend.seed_once(lambda: 100.0)  # only the first counts
+    spend.add(0.25)
+    assert spend.total_usd == 1.0 and spend.reached(1.0)

@@ -113,6 +113,16 @@ class SpendLimit:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._total_usd = 0.0
+        self._seeded = False
+
+    def seed_once(self, earlier_usd: Callable[[], float]) -> None:
+        """Add what earlier runs of the campaign spent (a resume), once per run: ``earlier_usd``
+        is called under the lock, at the first agent start, before this run has spent anything
+        on builds."""
+        with self._lock:
+            if not self._seeded:
+                self._seeded = True
+                self._total_usd += max(0.0, float(earlier_usd()))
 
     def add(self, cost_usd: float | None) -> float:
         """Add one agent run's ``total_cost_usd``; returns the new total (USD)."""
