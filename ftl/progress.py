@@ -54,6 +54,8 @@ def describe(event: dict[str, Any]) -> str | None:
         return f"[{state}] task {event.get('task_seq')} started on {event.get('worker')} (attempt {event.get('attempt')})"
     if name == "TASK_END":
         extra = f" ({event['error_type']})" if event.get("error_type") else ""
+        if isinstance(event.get("total_cost_usd"), (int, float)):
+            extra += f" ${event['total_cost_usd']:.4f}"
         return f"[{state}] task {event.get('task_seq')} {event.get('status')}{extra}"
     if name == "TOOL_FAILURE":
         task = f" task {event['task_seq']}" if event.get("task_seq") else ""
