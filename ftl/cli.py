@@ -12,14 +12,13 @@ import functools
 import json
 import signal
 import sys
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import click
 
 from ftl import envelope
-from ftl.clickutil import usage_error
+from ftl.clickutil import LazyGroup, usage_error
 from ftl.errors import FtlError
 
 EXIT_INTERNAL = 1
@@ -58,6 +57,8 @@ def handled(func: Callable[..., int | None]) -> Callable[..., None]:
         except KeyboardInterrupt:
             code = 130
         except Exception as exc:  # noqa: BLE001 - fail closed, never a traceback
+            import uuid
+
             correlation_id = uuid.uuid4().hex[:12]
             click.echo(f"internal error ({type(exc).__name__}); correlation id {correlation_id}",
                        err=True) if not as_json else None
@@ -78,7 +79,7 @@ def json_option(func: Callable) -> Callable:
     return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
 
 
-class _EnvelopeGroup(click.Group):
+class _EnvelopeGroup(LazyGroup):
     """A group whose usage errors become a response-v2 envelope when ``--json`` is given."""
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
@@ -212,20 +213,55 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
     complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 130 cancelled.
     """
-    plan_input = _load_json_file(plan_file, "plan") if plan_file else None
-    revised_input = None
-    if revised_plan:
-        known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
-        revised_input = _load_json_file(revised_plan, "revised plan", known_seqs=known)
-    objective = objective or (plan_input or {}).get("objective")
-    if not objective:
-        raise FtlError("invalid_params", {"schema_errors": [
-            {"path": "OBJECTIVE", "message": "give an objective or a plan with one", "keyword": "required"}]})
-    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server, isolation=isolation)
+    intent = _record_intent(repo, objective, plan_file, revised_plan)
+    try:
+        plan_input = _load_json_file(plan_file, "plan") if plan_file else None
+        revised_input = None
+        if revised_plan:
+            known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
+            revised_input = _load_json_file(revised_plan, "revised plan", known_seqs=known)
+        objective = objective or (plan_input or {}).get("objective")
+        if not objective:
+            raise FtlError("invalid_params", {"schema_errors": [
+                {"path": "OBJECTIVE", "message": "give an objective or a plan with one",
+                 "keyword": "required"}]})
+        runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server,
+                               isolation=isolation)
+    except BaseException:
+        from ftl.intent import discard_intent
+
+        discard_intent(intent)  # refused before it began: nothing to resume
+        raise
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
-                                                  revised_plan_input=revised_input), metrics_file)
+                                                  revised_plan_input=revised_input,
+                                                  intent=intent), metrics_file)
     return _finish(result, as_json)
+
+
+def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
+                   revised_plan: Path | None) -> Path | None:
+    """Write the run's intent (`ftl.intent`) before anything slow: the objective and the plan
+    files' JSON as read (validated later, by the run or by the resume that finds it). None when
+    there is nothing to record (an unreadable plan is refused in a moment anyway)."""
+    from ftl.intent import write_intent
+
+    def read(path: Path | None) -> Any:
+        if path is None:
+            return None
+        try:
+            return json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise LookupError from None
+
+    try:
+        plan, revised = read(plan_file), read(revised_plan)
+    except LookupError:
+        return None
+    if not repo.is_dir():
+        return None
+    return write_intent(repo, {"objective": objective, "plan": plan, "revised_plan": revised,
+                               "flow": "campaign"})
 
 
 @campaign.command("resume")
@@ -234,16 +270,22 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
 @click.option("--jobs", type=click.IntRange(1, 256))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--server")
+@click.option("--kill-leftovers", is_flag=True,
+              help="Kill at once the build and verify commands the interrupted run left running "
+                   "(default: let them finish, up to their task timeout, so a finished build is "
+                   "reused rather than run again).")
 @metrics_option
 @json_option
 @handled
 def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, config_path: Path | None,
-                    server: str | None, metrics_file: Path | None, as_json: bool) -> int:
+                    server: str | None, kill_leftovers: bool, metrics_file: Path | None,
+                    as_json: bool) -> int:
     """Resume an interrupted campaign: completed tasks are kept, in-flight ones re-run fresh.
 
     Same output and exit codes as `ftl campaign run`.
     """
     runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    runner.wait_for_leftovers = not kill_leftovers
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file)
     return _finish(result, as_json)
@@ -273,6 +315,14 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     return 0
 
 
+def _existing_repo(repo: Path) -> Path:
+    """``repo`` resolved. Raises FtlError(not_found) when it is not a directory."""
+    repo = repo.resolve()
+    if not repo.is_dir():
+        raise FtlError("not_found", {"what": "the repository directory given by --repo"})
+    return repo
+
+
 def _campaign_for(repo: Path, campaign_id: str | None) -> dict[str, Any]:
     """``campaign_id``'s record, else the active campaign's, else the latest one's.
 
@@ -299,7 +349,7 @@ def campaign_land(campaign_id: str | None, into: str | None, repo: Path, as_json
     checkout has uncommitted changes, or when the merge conflicts."""
     from ftl.vcs.land import land
 
-    repo = repo.resolve()
+    repo = _existing_repo(repo)
     record = _campaign_for(repo, campaign_id)
     if record["status"] == "active":
         raise FtlError("conflict", {"what": f"campaign {record['id']} is still active; let it "
@@ -326,7 +376,7 @@ def campaign_clean(campaign_id: str | None, force: bool, repo: Path, as_json: bo
     from ftl.store import Store
     from ftl.vcs.land import clean
 
-    repo = repo.resolve()
+    repo = _existing_repo(repo)
     with Store.for_repo(repo) as store:
         campaigns = [store.get_campaign(campaign_id)] if campaign_id else store.list_campaigns()
         active = store.active_campaign()
@@ -384,18 +434,16 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 
 
 def _register_optional_commands() -> None:
-    from ftl.cli_replay import diagram, replay_command
-
-    main.add_command(replay_command)
-    main.add_command(diagram)
-    from ftl.server.serve import serve
-
-    main.add_command(serve)
-    try:  # the MCP surface is optional until its module is present
-        from ftl.mcp_server import mcp
-    except ImportError:
-        return
-    main.add_command(mcp)
+    """Commands whose modules are heavy, imported only when they run (`ftl.clickutil.LazyGroup`);
+    the summaries are their help's first paragraph (tests/test_cold_start.py keeps them equal)."""
+    main.add_lazy_command("replay", "ftl.cli_replay:replay_command",
+                          "Rebuild a campaign's run from its event log(s) and check the protocol's invariants.")
+    main.add_lazy_command("diagram", "ftl.cli_replay:diagram",
+                          "Mermaid diagrams of the state machine and of a plan's DAG.")
+    main.add_lazy_command("serve", "ftl.server.serve:serve",
+                          "Run ftl's embedded MangleCP server (protocol 2026-02-draft).")
+    # the MCP surface is optional: without its module (or the mcp SDK) `ftl mcp` is unknown
+    main.add_lazy_command("mcp", "ftl.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
 
 
 _register_optional_commands()  # `python -m ftl` (ftl/__main__.py) runs `main`

@@ -12,8 +12,10 @@ Conventions (all functions):
   (`ftl.models.normalize_seq`); this module neither pads nor strips them, so the seqs it returns
   are spelled exactly as in the input (FTL cascade-status mixed padded and unpadded seqs, defect
   §8.2-10).
-* Statuses are ``Mapping[str, TaskStatus | str]`` with values pending, running, complete,
-  blocked. A task with no entry counts as pending; any other value raises ``ValueError``.
+* Statuses are ``Mapping[str, str]`` with values pending, running, complete, blocked (the
+  values of `ftl.models.TaskStatus`; its members are accepted too). A task with no entry counts
+  as pending; any other value raises ``ValueError``. The module compares plain strings and does
+  not import the models, so light commands (``ftl campaign status``) never load pydantic.
 
 Source of the rules: FTL campaign.py (``shared/reference/ftl-behaviour.md`` §6), with the defects
 of §8.2 items 10-12 fixed: the unreachable set is transitive, cascade-status states say what they
@@ -27,10 +29,13 @@ import heapq
 from collections import deque
 from typing import Mapping, Sequence
 
-from ftl.models import TaskStatus
-
 Graph = Mapping[str, Sequence[str]]
-Statuses = Mapping[str, TaskStatus | str]
+Statuses = Mapping[str, object]  # seq -> status text or `ftl.models.TaskStatus` member
+
+PENDING, RUNNING, COMPLETE, BLOCKED = "pending", "running", "complete", "blocked"
+#: The task statuses of the store (`ftl.models.TaskStatus` values; a test keeps them equal).
+STATUSES: tuple[str, ...] = (PENDING, RUNNING, COMPLETE, BLOCKED)
+_KNOWN = frozenset(STATUSES)
 
 __all__ = [
     "ancestors", "cascade_status", "critical_path", "critical_path_impact", "dangling",
@@ -51,9 +56,13 @@ def _sorted(seqs) -> list[str]:
     return sorted(seqs, key=seq_key)
 
 
-def _status(status: Statuses, seq: str) -> TaskStatus:
-    value = status.get(seq, TaskStatus.PENDING)
-    return value if isinstance(value, TaskStatus) else TaskStatus(value)
+def _status(status: Statuses, seq: str) -> str:
+    """``seq``'s status as text; an enum member gives its value (a str enum hashes by name)."""
+    value = status.get(seq, PENDING)
+    text = getattr(value, "value", value)
+    if text not in _KNOWN:
+        raise ValueError(f"{text!r} is not a valid task status ({', '.join(STATUSES)})")
+    return text
 
 
 def _internal_deps(deps: Graph, seq: str) -> list[str]:
@@ -191,11 +200,11 @@ def ready_set(deps: Graph, status: Statuses) -> list[str]:
     caller may pass a sub-graph; a dependency with no status counts as pending (never ready).
 
     Raises:
-        ValueError: a status value is not a `TaskStatus`.
+        ValueError: a status value is not one of `STATUSES`.
     """
     return [seq for seq in _sorted(deps)
-            if _status(status, seq) is TaskStatus.PENDING
-            and all(_status(status, dep) is TaskStatus.COMPLETE for dep in deps[seq])]
+            if _status(status, seq) == PENDING
+            and all(_status(status, dep) == COMPLETE for dep in deps[seq])]
 
 
 def unreachable(deps: Graph, status: Statuses) -> dict[str, list[str]]:
@@ -213,9 +222,9 @@ def unreachable(deps: Graph, status: Statuses) -> dict[str, list[str]]:
         ancestors form a cycle, which a validated plan cannot, all blocked ancestors are named.)
 
     Raises:
-        ValueError: a status value is not a `TaskStatus`.
+        ValueError: a status value is not one of `STATUSES`.
     """
-    blocked = {seq for seq in deps if _status(status, seq) is TaskStatus.BLOCKED}
+    blocked = {seq for seq in deps if _status(status, seq) == BLOCKED}
     if not blocked:
         return {}
     reverse = _dependents(deps)
@@ -227,7 +236,7 @@ def unreachable(deps: Graph, status: Statuses) -> dict[str, list[str]]:
             causes.setdefault(seq, set()).add(root)
     result: dict[str, list[str]] = {}
     for seq in _sorted(downstream):
-        if seq in deps and _status(status, seq) is TaskStatus.PENDING:
+        if seq in deps and _status(status, seq) == PENDING:
             result[seq] = _sorted(causes.get(seq) or ancestors(deps, seq) & blocked)
     return result
 
@@ -272,26 +281,26 @@ def cascade_status(deps: Graph, status: Statuses) -> dict:
         "none" when there is no campaign.
 
     Raises:
-        ValueError: a status value is not a `TaskStatus`.
+        ValueError: a status value is not one of `STATUSES`.
     """
-    counts = {s: 0 for s in TaskStatus}
+    counts = dict.fromkeys(STATUSES, 0)
     for seq in deps:
         counts[_status(status, seq)] += 1
     ready = ready_set(deps, status)
-    if counts[TaskStatus.COMPLETE] == len(deps):
+    if counts[COMPLETE] == len(deps):
         state = "complete"
-    elif ready or counts[TaskStatus.RUNNING]:
+    elif ready or counts[RUNNING]:
         state = "in_progress"
-    elif not counts[TaskStatus.PENDING]:
+    elif not counts[PENDING]:
         state = "all_blocked"
     else:
         state = "stuck"
     return {
         "state": state,
-        "complete": counts[TaskStatus.COMPLETE],
-        "blocked": counts[TaskStatus.BLOCKED],
-        "pending": counts[TaskStatus.PENDING],
-        "running": counts[TaskStatus.RUNNING],
+        "complete": counts[COMPLETE],
+        "blocked": counts[BLOCKED],
+        "pending": counts[PENDING],
+        "running": counts[RUNNING],
         "ready": len(ready),
         "unreachable": [{"seq": seq, "blocked_by": roots}
                         for seq, roots in unreachable(deps, status).items()],

@@ -14,14 +14,14 @@ Partial success (some tasks blocked, some explorers missing) is ``success: true`
 
 from __future__ import annotations
 
-import uuid
+import os
 from dataclasses import dataclass
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from ftl.errors import FtlError
-from ftl.sanitize import looks_internal, sanitize_text, sanitize_value, scrub_value
+
+# ftl.sanitize (and its tempfile/shutil imports) loads only when an envelope carries warnings or
+# an error: a plain success envelope is built without it (fast start, issue 11 item 1).
 
 VERSION = "response-v2"
 
@@ -44,18 +44,24 @@ class Warning:
     context: dict[str, Any] | None = None
 
     def render(self) -> dict[str, Any]:
+        from ftl.sanitize import scrub_value
         return {"code": self.code, "severity": WARNINGS.get(self.code, "warning"),
                 "message": scrub_value(self.message), "context": scrub_value(self.context or {})}
 
 
 def new_request_id() -> str:
-    return f"req_{uuid.uuid4().hex[:16]}"
+    """``req_`` + 16 random hex digits."""
+    return f"req_{os.urandom(8).hex()}"
 
 
 def _meta(request_id: str | None, warnings: list[Warning]) -> dict[str, Any]:
-    return {"version": VERSION, "request_id": request_id or new_request_id(),
-            "warnings": [scrub_value(w.message) for w in warnings],
-            "warning_details": [w.render() for w in warnings]}
+    meta: dict[str, Any] = {"version": VERSION, "request_id": request_id or new_request_id(),
+                            "warnings": [], "warning_details": []}
+    if warnings:
+        from ftl.sanitize import scrub_value
+        meta["warnings"] = [scrub_value(w.message) for w in warnings]
+        meta["warning_details"] = [w.render() for w in warnings]
+    return meta
 
 
 def success(data: Any = None, *, warnings: list[Warning] | None = None,
@@ -73,6 +79,8 @@ def failure(error: FtlError, *, request_id: str | None = None,
     secrets scrubbed, absolute paths cut, 1 KiB cap, internals redacted). An explicit message
     that carries internals (a traceback, SQL, policy text) is replaced by the row's template.
     """
+    from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
+
     row = error.kind
     data = {
         "error_code": row.v2_error_code,
@@ -93,41 +101,18 @@ def failure(error: FtlError, *, request_id: str | None = None,
 
 def internal_failure(correlation_id: str | None = None) -> dict[str, Any]:
     """The bare envelope for an unclassified exception: fail closed, reveal nothing."""
-    correlation_id = correlation_id or uuid.uuid4().hex[:12]
+    correlation_id = correlation_id or os.urandom(6).hex()
     return failure(FtlError("internal_error", {"correlation_id": correlation_id}))
 
 
-class WarningDetail(BaseModel):
-    code: str
-    severity: Literal["info", "warning", "error"]
-    message: str
-    context: dict[str, Any] = Field(default_factory=dict)
+_SCHEMA_NAMES = frozenset({"ResponseV2", "Meta", "WarningDetail"})
 
 
-class Meta(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    version: Literal["response-v2"]
-    request_id: str
-    warnings: list[str] = Field(default_factory=list)
-    warning_details: list[WarningDetail] = Field(default_factory=list)
-
-
-class ResponseV2(BaseModel):
-    """The response-v2 envelope; the source of ``schemas/response-v2.schema.json``.
-
-    ``success: true`` goes with ``error: null``; ``success: false`` with a non-empty error and
-    ``data`` holding ``error_code``, ``error_type``, ``details`` and ``remediation``.
-    """
-
-    success: bool
-    data: Any = Field(default_factory=dict)
-    error: str | None
-    meta: Meta
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "ResponseV2":
-        if self.success and self.error is not None:
-            raise ValueError("success: true must have error: null")
-        if not self.success and not self.error:
-            raise ValueError("success: false needs a non-empty error")
-        return self
+def __getattr__(name: str) -> Any:
+    """``ResponseV2``, ``Meta`` and ``WarningDetail`` (the pydantic schema models) load on first
+    use from `ftl.envelope_model`: building an envelope never needs pydantic, so light commands
+    start fast (issue 11 item 1)."""
+    if name in _SCHEMA_NAMES:
+        from ftl import envelope_model
+        return getattr(envelope_model, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -40,6 +40,7 @@ TASK_END = "TASK_END"
 TASK_COMMIT = "TASK_COMMIT"          # a verified task's result committed in its worktree
 TASK_INTEGRATED = "TASK_INTEGRATED"  # that commit integrated into the campaign's branch
 MERGE_CONFLICT = "MERGE_CONFLICT"    # that commit conflicts with the integration head
+ORPHANS_WAITING = "ORPHANS_WAITING"  # a resume waits for commands a crashed run left running
 EXPLORER_RESULT = "EXPLORER_RESULT"
 PARTIAL_FAILURE = "PARTIAL_FAILURE"
 PLAN_DECISION = "PLAN_DECISION"
@@ -65,7 +66,8 @@ RATE_GATE = "RATE_GATE"
 # Events that are actions: replay checks that each lies inside a state (design.md §6).
 ACTION_EVENTS = frozenset({
     TOOL_CALL, TOOL_FAILURE, FAILURE_CLASSIFIED, RETRY, RECOVERY_ATTEMPT, READY_TASKS,
-    TASK_START, TASK_END, TASK_COMMIT, TASK_INTEGRATED, MERGE_CONFLICT, EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
+    TASK_START, TASK_END, TASK_COMMIT, TASK_INTEGRATED, MERGE_CONFLICT, ORPHANS_WAITING,
+    EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
     PLAN_VALIDATION_FAILED, PLAN_REGISTERED, CASCADE_STATUS, CASCADE_ANALYSIS, CASCADE_REPLAN,
     CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN, GATE_DECISION,
     RATE_GATE,
@@ -78,6 +80,12 @@ _DUMPS = lambda obj: json.dumps(obj, sort_keys=True, separators=(",", ":"), defa
 def utc_now() -> str:
     """RFC 3339 UTC timestamp with millisecond precision, e.g. ``2026-11-21T04:15:03.120Z``."""
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utc_at(epoch_s: float) -> str:
+    """``epoch_s`` (seconds since the epoch) as an RFC 3339 UTC timestamp with milliseconds."""
+    return (datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"))
 
 
 def repair_tail(path: Path) -> int:

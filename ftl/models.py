@@ -157,9 +157,13 @@ class Idioms(BaseModel):
 
 
 class Task(BaseModel):
-    """One node of the plan DAG (FTL plan.json task, plus ftl's ``run`` and ``timeout_s``)."""
+    """One node of the plan DAG (FTL plan.json task, plus ftl's ``run`` and ``timeout_s``).
 
-    model_config = ConfigDict(extra="forbid")
+    Fields ftl does not know are kept and passed through (FTL plans carry planner fields such as
+    ``preflight`` notes or ``rationale`` that its prompts read back); see docs/ftl-compat.md.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     seq: str = Field(description="Task number; '1', '001' and 1 are the same task.")
     slug: str = Field(description="kebab-case name; workspace id is '{seq}-{slug}'.")
@@ -230,9 +234,12 @@ class Task(BaseModel):
 
 
 class Plan(BaseModel):
-    """A campaign plan: FTL plan.json (`objective`, `campaign`, `framework`, `idioms`, `tasks`)."""
+    """A campaign plan: FTL plan.json (`objective`, `campaign`, `framework`, `idioms`, `tasks`).
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    Unknown top-level fields are kept and passed through, as FTL did (docs/ftl-compat.md).
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     schema_version: str = Field(default="1.0", alias="_schema_version")
     objective: str = Field(min_length=1)

@@ -13,7 +13,8 @@ from typing import Any, TextIO
 _PLAIN_EVENTS = {"STATE_ENTRY", "TASK_START", "TASK_END", "TOOL_FAILURE", "RETRY",
                  "RECOVERY_ATTEMPT", "CASCADE_STATUS", "CASCADE_PROPAGATE", "CASCADE_REPLAN",
                  "PARTIAL_FAILURE", "RETURN", "RUN_END", "ERROR_ROUTE", "LOG_REPAIRED",
-                 "RUN_START", "TASK_INTEGRATED", "MERGE_CONFLICT", "RATE_GATE"}
+                 "RUN_START", "TASK_INTEGRATED", "MERGE_CONFLICT", "ORPHANS_WAITING",
+                 "RATE_GATE"}
 
 
 def _clock(iso: Any) -> str:
@@ -35,6 +36,10 @@ def describe(event: dict[str, Any]) -> str | None:
     if name == "RUN_START":
         line = f"isolation: {event.get('isolation') or 'shared'}"
         return line + (f" (notice: {event['notice']})" if event.get("notice") else "")
+    if name == "ORPHANS_WAITING":
+        until = str(event.get("until") or "")[11:19]
+        return (f"[{state}] waiting for {event.get('count')} command(s) the interrupted run left "
+                f"running (until {until} UTC at the latest; --kill-leftovers stops them at once)")
     if name == "TASK_INTEGRATED":
         how = "fast-forward" if event.get("fast_forward") else "merge"
         return f"[{state}] task {event.get('task_seq')} integrated ({how}) at {str(event.get('head'))[:12]}"

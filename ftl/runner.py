@@ -218,6 +218,8 @@ class Runner:
         client_factory: builds the MangleCP client (tests pass a recording one); default `connect`.
         sleep: injected into the retry protocol (tests record delays instead of sleeping).
         on_event: a listener for every event (progress views).
+        wait_for_leftovers: on resume, let commands a crashed run left running finish (up to
+            their task timeout) before anything runs again; False kills them at once.
 
     A context manager: leaving it (or `close`) closes the store.
     """
@@ -225,12 +227,14 @@ class Runner:
     def __init__(self, repo: Path, config: Config, *,
                  client_factory: Callable[[Config, Path], Any] = connect,
                  sleep: Callable[[float], Any] | None = None,
-                 on_event: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_event: Callable[[dict[str, Any]], None] | None = None,
+                 wait_for_leftovers: bool = True) -> None:
         self.repo = repo
         self.config = config
         self.client_factory = client_factory
         self.sleep = sleep
         self.on_event = on_event
+        self.wait_for_leftovers = wait_for_leftovers
         self.store = Store.for_repo(repo)
 
     def close(self) -> None:
@@ -245,37 +249,58 @@ class Runner:
 
     # --- entry points ---
     def start(self, objective: str, *, plan_input: dict[str, Any] | None = None,
-              flow: Flow = Flow.CAMPAIGN, revised_plan_input: dict[str, Any] | None = None) -> RunResult:
+              flow: Flow = Flow.CAMPAIGN, revised_plan_input: dict[str, Any] | None = None,
+              intent: Path | None = None) -> RunResult:
         """Create a campaign and drive it to its end.
+
+        Args:
+            intent: the intent file the CLI wrote first (`ftl.intent`); removed once the
+                campaign row holds the same inputs.
 
         Raises:
             FtlError(conflict): another campaign is active in this repository (resume or
                 finish it first), or another ftl process is driving one.
         """
-        with self._driving(None):
-            isolation, notice = decide_isolation(self.config.isolation, self.repo)
-            # Intent first (issue "crash safety", item 2): the campaign with every input, and
-            # RUN_START, are written before anything slow (the tool server's boot, EXPLORE), so a
-            # kill from the first second on leaves a campaign that `resume` continues.
-            plan_sha256 = _digest(plan_input)
-            campaign = self.store.create_campaign(
-                objective, flow=flow.value,
-                inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
-                        "isolation": isolation, "plan_sha256": plan_sha256})
-            log = self._open_log(campaign["id"])
-            log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
-                     pid=os.getpid(), config=self.config.model_dump(mode="json"),
-                     isolation=isolation, plan_sha256=plan_sha256,
-                     **({"notice": notice} if notice else {}))
-            client = self._connect_or_stop(log)
-            try:
-                run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input,
-                                     client=client, log=log)
-            except BaseException:
-                _close(client)
-                log.close()
-                raise
-            return self._drive(run, CampaignMachine(run, flow, State.INIT))
+        try:
+            with self._driving(None):
+                return self._start_locked(objective, plan_input, flow, revised_plan_input, intent)
+        except FtlError:
+            from ftl.intent import discard_intent
+
+            discard_intent(intent)  # refused (conflict, configuration): nothing to resume
+            raise
+
+    def _start_locked(self, objective: str, plan_input: dict[str, Any] | None, flow: Flow,
+                      revised_plan_input: dict[str, Any] | None,
+                      intent: Path | None) -> RunResult:
+        """Start with the run lock held (by `start`, or by `resume` from an intent)."""
+        isolation, notice = decide_isolation(self.config.isolation, self.repo)
+        # Intent first (issue "crash safety", item 2): the campaign with every input, and
+        # RUN_START, are written before anything slow (the tool server's boot, EXPLORE), so a
+        # kill from the first second on leaves a campaign that `resume` continues.
+        plan_sha256 = _digest(plan_input)
+        campaign = self.store.create_campaign(
+            objective, flow=flow.value,
+            inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
+                    "isolation": isolation, "plan_sha256": plan_sha256,
+                    "intent": intent.name if intent is not None else None})
+        from ftl.intent import discard_intent
+
+        discard_intent(intent)  # the campaign row holds it now
+        log = self._open_log(campaign["id"])
+        log.emit(ev.RUN_START, state=None, mode=flow.value, objective=objective, resume=False,
+                 pid=os.getpid(), config=self.config.model_dump(mode="json"),
+                 isolation=isolation, plan_sha256=plan_sha256,
+                 **({"notice": notice} if notice else {}))
+        client = self._connect_or_stop(log)
+        try:
+            run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input,
+                                 client=client, log=log)
+        except BaseException:
+            _close(client)
+            log.close()
+            raise
+        return self._drive(run, CampaignMachine(run, flow, State.INIT))
 
     def resume(self, campaign_id: str | None = None) -> RunResult:
         """Continue an interrupted campaign from its stored state.
@@ -292,6 +317,9 @@ class Runner:
         with self._driving(campaign_id):
             campaign = self.store.get_campaign(campaign_id) if campaign_id else self.store.active_campaign()
             if campaign is None:
+                started = self._start_from_intent()
+                if started is not None:
+                    return started
                 raise FtlError("not_found", {"what": "an active campaign to resume"})
             if campaign["status"] != "active":
                 raise FtlError("conflict", {"what": f"campaign {campaign['id']} is {campaign['status']}, "
@@ -322,6 +350,41 @@ class Runner:
             return self._drive(run, CampaignMachine(run, run.flow, state), resumed=True)
 
     # --- internals ---
+    def _start_from_intent(self) -> RunResult | None:
+        """A run killed before it recorded its campaign left its intent (`ftl.intent`): start
+        that campaign now (the plan validated as `ftl campaign run` would), or None when there
+        is no intent. A plan that no longer validates is refused and its intent removed."""
+        from ftl.intent import discard_intent, pending_intent
+        from ftl.validation import parse_plan
+
+        found = pending_intent(self.repo)
+        if found is None:
+            return None
+        path, intent = found
+        recorded = {(c.get("inputs") or {}).get("intent") for c in self.store.list_campaigns()}
+        if path.name in recorded:  # killed between recording the campaign and removing this
+            discard_intent(path)
+            return None
+        try:
+            plan = (parse_plan(intent["plan"], source="the recorded intent")
+                    if intent.get("plan") is not None else None)
+            plan_input = plan.model_dump(mode="json", by_alias=True, exclude_none=True) if plan else None
+            revised = intent.get("revised_plan")
+            if revised is not None:
+                known = [task["seq"] for task in (plan_input or {}).get("tasks", [])]
+                revised = parse_plan(revised, source="the recorded intent",
+                                     known_seqs=known).model_dump(mode="json", by_alias=True,
+                                                                  exclude_none=True)
+            objective = intent.get("objective") or (plan_input or {}).get("objective")
+            if not objective:
+                raise FtlError("invalid_params", {"schema_errors": [
+                    {"path": "OBJECTIVE", "message": "the recorded intent has no objective"}]})
+        except BaseException:
+            discard_intent(path)
+            raise
+        return self._start_locked(objective, plan_input, Flow(intent.get("flow") or "campaign"),
+                                  revised, path)
+
     @contextlib.contextmanager
     def _driving(self, campaign_id: str | None) -> Iterator[None]:
         """Hold the repository's run lock and route internals to ``.ftl/ftl.log`` for one drive."""
@@ -362,8 +425,18 @@ class Runner:
                     error = classify_exception(exc)
                     _LOG.error("connecting to the tool server failed (correlation id %s)",
                                error.details.get("correlation_id"), exc_info=exc)
-                    log.emit(ev.RUN_END, outcome="stopped", exit_code=EXIT_STOPPED,
-                             resumable=True, reason="error", error_type=error.error_type)
+                    if error.error_type == "configuration_error":
+                        # A wrong server address or gate setup: resuming cannot help, so the
+                        # campaign ends here and a corrected `ftl campaign run` may start.
+                        log.emit(ev.RUN_END, outcome="cancelled", exit_code=EXIT_STOPPED,
+                                 resumable=False, reason="configuration_error",
+                                 error_type=error.error_type)
+                        self.store.finish_campaign(log.campaign_id, "cancelled", {
+                            "error": {"error_type": error.error_type,
+                                      "details": error.safe_details()}})
+                    else:  # unreachable for now: the campaign stays active for `resume`
+                        log.emit(ev.RUN_END, outcome="stopped", exit_code=EXIT_STOPPED,
+                                 resumable=True, reason="error", error_type=error.error_type)
             log.close()
             raise
 
@@ -458,12 +531,20 @@ class Runner:
             _close(run.tools.client)
 
     def _reap_orphans(self, run: Run, state: State) -> None:
-        """Before a resumed run does anything: kill what the crashed run's build and verify
-        commands left running (`ftl.executors.processes.reap`), so no orphan changes the
-        repository while tasks run again (RECOVERY_ATTEMPT ``reap_orphans``)."""
+        """Before a resumed run does anything: let the build and verify commands the crashed
+        run left behind finish, up to their deadlines, then kill what is left
+        (`ftl.executors.processes.reap`; ``ORPHANS_WAITING`` first, then RECOVERY_ATTEMPT
+        ``reap_orphans``). A build that finishes records its checkpoint, so the resume reuses
+        it instead of running it again; nothing of the old run changes the repository once
+        tasks run again. ``wait_for_leftovers=False`` kills at once."""
         from ftl.executors.processes import LEDGER_DIR, reap
 
-        reaped = reap(self.repo / LEDGER_DIR)
+        def announce(groups: list[dict]) -> None:
+            until = max(group["deadline_s"] for group in groups)
+            run.log.emit(ev.ORPHANS_WAITING, state=state.value, count=len(groups),
+                         until=ev.utc_at(until), commands=[g["what"][:120] for g in groups])
+
+        reaped = reap(self.repo / LEDGER_DIR, wait=self.wait_for_leftovers, on_wait=announce)
         if reaped:
             run.recovery.recovery(strategy="reap_orphans", success=True, state=state.value,
                                   groups=reaped)

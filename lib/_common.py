@@ -23,7 +23,16 @@ workspace, illegal status transition, conflict with the current state); 1 intern
 transient failure worth retrying (the store was locked for longer than its busy timeout);
 130 interrupted. FTL exited 1 with a traceback for most of these (§4 conventions).
 
-Running a script: ``python lib/<script>.py [--repo DIR] COMMAND ...``. The repository root
+FTL output mode (``FTL_OUTPUT=ftl`` in the environment, or ``--output ftl`` before the command):
+stdout carries exactly what FTL's script printed for the same call (the same JSON value with
+FTL's indentation, ``null`` included), and failures exit as FTL's did: where FTL printed a JSON
+error object, that object and its exit code; where FTL raised, a one-line ``Error: <message>``
+on stderr (no traceback) and exit 1; usage errors exit 2 as argparse's did. One adapter
+(`run`) does this for every command: a command returns its `Reply` with FTL's payload in
+``Reply.ftl`` (when it differs from ``data``); ``docs/ftl-compat.md`` lists where ftl's payload
+differs from FTL's on purpose.
+
+Running a script: ``python lib/<script>.py [--repo DIR] [--output envelope|ftl] COMMAND ...``. The repository root
 (the parent of ``lib/``) is put first on ``sys.path``, so the scripts use the ``ftl`` package
 beside them whether or not it is installed.
 """
@@ -45,6 +54,8 @@ import uuid  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any, Callable, NoReturn  # noqa: E402
 
+import os  # noqa: E402
+
 import click  # noqa: E402
 
 from ftl import envelope  # noqa: E402
@@ -57,7 +68,9 @@ __all__ = [
     "EXIT_OK", "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_INTERRUPTED", "Reply", "Env", "script_group",
     "run", "wrap", "exit_code_for", "parse_json_text", "read_stdin_json", "parse_json_option",
     "violation", "no_active_campaign", "campaign_entry", "replan_input", "fingerprint",
-    "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command",
+    "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command", "FtlRefusal",
+    "output_mode", "ftl_task", "ftl_seq_text", "ftl_depends", "ftl_status", "ftl_plan_task",
+    "plan_input", "FTL_PLAN_RECORD_KEYS", "OUTPUT_OPTION", "EXIT_HELP",
 ]
 
 EXIT_OK = 0
@@ -76,13 +89,75 @@ logging.getLogger("ftl").addHandler(logging.NullHandler())
 
 # --------------------------------------------------------------------------- output
 
+_UNSET: Any = object()
+
+
 @dataclass
 class Reply:
-    """A command's result: the envelope's ``data`` object, warnings, and the exit code."""
+    """A command's result: the envelope's ``data`` object, warnings, the exit code, and FTL's
+    payload for the FTL output mode.
+
+    ``ftl``: exactly the JSON value FTL printed for this call (any JSON value, ``None`` for
+    ``null``); unset means `unwrap` (``data``). ``ftl_indent``: FTL's ``json.dumps`` indent (2)
+    or None for FTL's one-line output.
+    """
 
     data: dict[str, Any]
     warnings: list[envelope.Warning] = field(default_factory=list)
     exit_code: int = EXIT_OK
+    ftl: Any = _UNSET
+    ftl_indent: int | None = 2
+    ftl_exit: int | None = None  # FTL's exit code when it differs from exit_code
+
+
+class FtlRefusal(FtlError):
+    """A refusal FTL reported as a printed JSON object (e.g. ``{"error": "Plan 9 not found"}``)
+    with an exit code, rather than a traceback: the FTL output mode prints ``ftl_payload``
+    and exits ``ftl_exit``; the envelope mode renders the error kind as usual."""
+
+    def __init__(self, kind: str, details: dict[str, Any] | None = None, *, ftl_payload: Any = None,
+                 ftl_exit: int = 1, ftl_indent: int | None = None, ftl_stderr: str | None = None,
+                 message: str | None = None) -> None:
+        super().__init__(kind, details or {}, message=message)
+        self.ftl_payload, self.ftl_exit, self.ftl_indent = ftl_payload, ftl_exit, ftl_indent
+        self.ftl_stderr = ftl_stderr  # FTL's stderr line instead of a JSON payload
+
+
+def unwrap(data: dict[str, Any]) -> Any:
+    """The inverse of `wrap`: ``{"items": [...]}`` -> the list, ``{"value": x}`` -> x, ``{}`` ->
+    None; any other object as it is."""
+    if not data:
+        return None
+    if set(data) == {"items"} and isinstance(data["items"], list):
+        return data["items"]
+    if set(data) == {"value"}:
+        return data["value"]
+    return data
+
+
+OUTPUT_MODES = ("envelope", "ftl")
+
+
+def output_mode(argv: list[str]) -> str:
+    """``ftl`` or ``envelope``: ``--output X`` / ``--output=X`` (no FTL command has an option of
+    that name), else the ``FTL_OUTPUT`` environment variable, else envelope. An unknown value
+    means envelope (the option then refuses it with a schema_invalid envelope)."""
+    mode = os.environ.get("FTL_OUTPUT", "").strip().lower() or "envelope"
+    for index, arg in enumerate(argv):
+        if arg == "--":
+            break
+        if arg == "--output" and index + 1 < len(argv):
+            mode = argv[index + 1].strip().lower()
+            break
+        if arg.startswith("--output="):
+            mode = arg.split("=", 1)[1].strip().lower()
+            break
+    return mode if mode in OUTPUT_MODES else "envelope"
+
+
+def _print_ftl(value: Any, indent: int | None) -> None:
+    sys.stdout.write(json.dumps(value, indent=indent, default=str) + "\n")
+    sys.stdout.flush()
 
 
 def wrap(value: Any) -> dict[str, Any]:
@@ -125,8 +200,11 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     Commands return a `Reply`. ``--help`` prints its text and exits 0.
     """
     logging.raiseExceptions = False  # a failing log handler must not print a trace on stderr
+    args = list(sys.argv[1:] if argv is None else argv)
+    if output_mode(args) == "ftl":
+        _run_ftl(group, args)
     try:
-        result = group.main(args=argv, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
+        result = group.main(args=args, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
     except FtlError as error:
         payload, code = envelope.failure(error), exit_code_for(error)
     except click.exceptions.Abort:
@@ -145,6 +223,40 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
         code = result.exit_code
     _detach_repo_logs()
     _print(payload)
+    sys.exit(code)
+
+
+def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:
+    """The FTL output mode of `run` (see the module docstring): FTL's stdout and exit codes."""
+    code = EXIT_OK
+    try:
+        result = group.main(args=args, prog_name=Path(sys.argv[0]).name, standalone_mode=False)
+    except FtlRefusal as error:
+        if error.ftl_stderr is not None:
+            sys.stderr.write(error.ftl_stderr + "\n")
+        else:
+            _print_ftl(error.ftl_payload, error.ftl_indent)
+        code = error.ftl_exit
+    except FtlError as error:
+        sys.stderr.write(f"Error: {error.message}\n")
+        code = 1
+    except click.exceptions.Abort:
+        code = EXIT_INTERRUPTED
+    except click.ClickException as exc:
+        sys.stderr.write(f"usage error: {exc.format_message()}\n")
+        code = 2  # argparse's exit code for a usage error
+    except Exception:  # noqa: BLE001 - fail closed, the trace only in the log
+        correlation_id = uuid.uuid4().hex[:12]
+        log.exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
+        sys.stderr.write(f"Error: internal error (correlation id {correlation_id})\n")
+        code = 1
+    else:
+        if isinstance(result, Reply):
+            _print_ftl(unwrap(result.data) if result.ftl is _UNSET else result.ftl, result.ftl_indent)
+            code = result.exit_code if result.ftl_exit is None else result.ftl_exit
+        else:
+            code = result if isinstance(result, int) else EXIT_OK
+    _detach_repo_logs()
     sys.exit(code)
 
 
@@ -239,22 +351,29 @@ def no_active_campaign() -> FtlError:
                     message="No campaign is active; start one with `campaign.py create OBJECTIVE`.")
 
 
+OUTPUT_OPTION = click.option(
+    "--output", type=click.Choice(OUTPUT_MODES), default=None,
+    help="envelope (default) or ftl: print exactly what FTL's script printed (also FTL_OUTPUT=ftl).")
+
+
 def script_group(name: str, help_text: str) -> click.Group:
     """A click group with the shared ``--repo DIR`` option; commands get the `Env` as ``ctx.obj``."""
 
-    @click.group(name=name, help=help_text + "\n\n" + _EXIT_HELP)
+    @click.group(name=name, help=help_text + "\n\n" + EXIT_HELP)
     @click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
                   show_default=True, help="Repository whose .ftl/ holds the store and event logs.")
+    @OUTPUT_OPTION
     @click.pass_context
-    def group(ctx: click.Context, repo: Path) -> None:
+    def group(ctx: click.Context, repo: Path, output: str | None) -> None:
         ctx.obj = Env(repo)
         ctx.call_on_close(ctx.obj.close)
 
     return group
 
 
-_EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
-              "`data` (arrays as {\"items\": [...]}, null as {}). Exit codes: 0 success, 2 refused "
+EXIT_HELP = ("Every command prints one response-v2 JSON envelope on stdout; FTL's payload is its "
+              "`data` (arrays as {\"items\": [...]}, null as {}). With --output ftl (or "
+              "FTL_OUTPUT=ftl) it prints exactly FTL's output instead. Exit codes: 0 success, 2 refused "
               "(bad input, unknown campaign/seq/plan, illegal transition), 1 internal or transient "
               "error (retry). § numbers in the help refer to FTL's behaviour reference "
               "(shared/reference/ftl-behaviour.md).")
@@ -422,3 +541,71 @@ def command(group: click.Group, name: str, **kwargs: Any) -> Callable:
         return group.command(name, **kwargs)(click.pass_obj(func))
 
     return decorate
+
+
+# --------------------------------------------------------------------------- FTL views
+
+def ftl_status(status: str) -> str:
+    """A store task status as FTL named it (running -> in_progress)."""
+    return "in_progress" if status == "running" else status
+
+
+def ftl_seq_text(seq: str) -> str:
+    """A seq as FTL's cascade output named it: ``str(int(seq))`` (FTL normalised to int)."""
+    try:
+        return str(int(seq))
+    except ValueError:
+        return seq
+
+
+def ftl_depends(depends: list[str]) -> Any:
+    """A dependency list as an FTL plan writes it: [] -> "none", one seq -> that seq, else the list."""
+    if not depends:
+        return "none"
+    return depends[0] if len(depends) == 1 else list(depends)
+
+
+def ftl_task(row: dict) -> dict[str, Any]:
+    """A store task row as FTL's campaign task entry: ``{seq, slug, type, depends, status}`` plus
+    ``updated_at`` once the task left pending, ``blocked_by`` (FTL int-text seqs) when a block
+    was propagated to it and ``revised_at`` once a re-plan merge changed it."""
+    task: dict[str, Any] = {"seq": row["seq"], "slug": row["slug"], "type": row["type"],
+                            "depends": ftl_depends(row["depends"] or []),
+                            "status": ftl_status(row["status"])}
+    if row["status"] != "pending" or row.get("revised_at"):
+        task["updated_at"] = row.get("updated_at")
+    if row["status"] == "blocked" and row.get("blocked_by"):
+        task["blocked_by"] = [ftl_seq_text(s) for s in row["blocked_by"]]
+    if row.get("revised_at"):
+        task["revised_at"] = row["revised_at"]
+    return task
+
+
+#: Keys FTL's ``plan.py read`` adds around a plan (its database record), not plan fields: FTL's
+#: REGISTER pipes that output into ``campaign.py add-tasks``, so they are dropped on input.
+FTL_PLAN_RECORD_KEYS = ("id", "version", "status", "created_at")
+
+#: Task fields FTL's planner writes, always shown in FTL's view of a plan task.
+_FTL_TASK_KEYS = ("seq", "slug", "type", "delta", "verify", "budget", "depends")
+
+
+def plan_input(raw: Any) -> Any:
+    """A plan as sent on input, without FTL's plan-record keys (`FTL_PLAN_RECORD_KEYS`) and
+    with ``campaign_id: null`` dropped (FTL's plan record for a plan written before a campaign)."""
+    if not isinstance(raw, dict):
+        return raw
+    plan = {k: v for k, v in raw.items() if k not in FTL_PLAN_RECORD_KEYS}
+    if plan.get("campaign_id") is None:
+        plan.pop("campaign_id", None)
+    return plan
+
+
+def ftl_plan_task(task) -> dict[str, Any]:
+    """A `ftl.models.Task` as FTL's plan shows it: the planner's keys, depends as the planner
+    writes it, then every other field only when it is not its default, extras as given."""
+    dumped = task.model_dump(mode="json", exclude_defaults=True)
+    full = task.model_dump(mode="json")
+    view = {k: full[k] for k in _FTL_TASK_KEYS}
+    view["depends"] = ftl_depends(task.depends)
+    view.update({k: v for k, v in dumped.items() if k not in view})
+    return view

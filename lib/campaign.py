@@ -19,9 +19,9 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (TASK_STATUS_ALIASES, Env, Reply, campaign_entry, command, fingerprint,
-                     read_stdin_json, replan_input, run, script_group, violation,
-                     wrap)
+from _common import (TASK_STATUS_ALIASES, Env, FtlRefusal, Reply, campaign_entry, command,
+                     fingerprint, ftl_depends, ftl_seq_text, ftl_task, parse_json_text, plan_input,
+                     read_stdin_json, replan_input, run, script_group, violation, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("campaign.py", "Campaigns and their task DAG (FTL campaign.py).")
@@ -42,7 +42,9 @@ def create(env: Env, objective: str, framework: str | None) -> Reply:
     CONFLICT naming the active one (FTL crashed on the unique index, §8.2 item 2).
     """
     campaign = env.store.create_campaign(objective, framework=framework)
-    return Reply(campaign_entry(env.store, campaign))
+    return Reply(campaign_entry(env.store, campaign), ftl={
+        "id": campaign["campaign_id"], "objective": objective, "status": "active", "tasks": [],
+        "framework": framework, "created_at": campaign["created_at"]})
 
 
 @command(cli, "status")
@@ -58,7 +60,11 @@ def status(env: Env, campaign_id: str | None) -> Reply:
     campaign = env.campaign(campaign_id)
     if campaign is None:
         return Reply({"status": "none"})
-    return Reply(campaign_entry(env.store, campaign))
+    entry = campaign_entry(env.store, campaign)
+    return Reply(entry, ftl={
+        "status": entry["status"], "objective": entry["objective"], "framework": entry["framework"],
+        "created_at": entry["created_at"], "tasks": [ftl_task(t) for t in entry["tasks"]],
+        "summary": entry["summary"] or {}})
 
 
 @command(cli, "add-tasks")
@@ -72,12 +78,19 @@ def add_tasks(env: Env) -> Reply:
     """
     from ftl.validation import parse_plan
 
-    plan = parse_plan(read_stdin_json("plan on standard input"), source="plan on standard input")
+    raw = plan_input(read_stdin_json("plan on standard input"))
     campaign = env.active()
     cid = campaign["campaign_id"]
+    if isinstance(raw, dict) and env.store.plan_versions(cid):
+        # FTL's REGISTER pipes `plan.py read` here, whose record drops the plan's campaign slug and
+        # framework confidence: take them from the saved plan so the same plan is not saved twice.
+        saved = env.store.get_plan(cid).model_dump(mode="json", by_alias=True)
+        raw = {**{k: saved[k] for k in ("campaign", "framework_confidence") if k not in raw}, **raw}
+    plan = parse_plan(raw, source="plan on standard input")
     seqs = env.store.add_tasks(cid, plan)
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
-                  "plan_version": env.store.plan_versions(cid)[-1]})
+                  "plan_version": env.store.plan_versions(cid)[-1]},
+                 ftl={"status": "tasks_added"}, ftl_indent=None)
 
 
 def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
@@ -134,8 +147,10 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
     cid = env.active()["campaign_id"]
     row = env.store.task(cid, seq)
     current = row["status"]
+    echo = {"task": seq, "status": status}  # FTL printed the arguments as typed
     if current == target:
-        return Reply({"task": row["seq"], "status": current, "previous": current, "changed": False})
+        return Reply({"task": row["seq"], "status": current, "previous": current, "changed": False},
+                     ftl=echo, ftl_indent=None)
     try:
         new = env.store.transition_task(cid, row["seq"], target, reason=reason, delivered=delivered,
                                         worker="lib/campaign.py" if target == "running" else None)
@@ -143,7 +158,8 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
         if error.error_type != "invalid_state":
             raise
         raise _illegal(current, target, row["seq"], error) from None
-    return Reply({"task": new["seq"], "status": new["status"], "previous": current, "changed": True})
+    return Reply({"task": new["seq"], "status": new["status"], "previous": current, "changed": True},
+                 ftl=echo, ftl_indent=None)
 
 
 @command(cli, "next-task")
@@ -158,11 +174,11 @@ def next_task(env: Env) -> Reply:
 
     campaign = env.active(required=False)
     if campaign is None:
-        return Reply({})
+        return Reply({}, ftl=None)
     rows = env.store.tasks(campaign["campaign_id"])
     ready = dag.ready_set(*_graph(rows))
     by_seq = {r["seq"]: r for r in rows}
-    return Reply(by_seq[ready[0]] if ready else {})
+    return Reply(by_seq[ready[0]] if ready else {}, ftl=ftl_task(by_seq[ready[0]]) if ready else None)
 
 
 @command(cli, "ready-tasks")
@@ -175,10 +191,11 @@ def ready_tasks(env: Env) -> Reply:
 
     campaign = env.active(required=False)
     if campaign is None:
-        return Reply(wrap([]))
+        return Reply(wrap([]), ftl=[])
     rows = env.store.tasks(campaign["campaign_id"])
     ready = set(dag.ready_set(*_graph(rows)))
-    return Reply(wrap([r for r in rows if r["seq"] in ready]))
+    chosen = [r for r in rows if r["seq"] in ready]
+    return Reply(wrap(chosen), ftl=[ftl_task(r) for r in chosen])
 
 
 @command(cli, "cascade-status")
@@ -196,7 +213,12 @@ def cascade_status(env: Env) -> Reply:
     campaign = env.active(required=False)
     if campaign is None:
         return Reply({"state": "none"})
-    return Reply(dag.cascade_status(*_graph(env.store.tasks(campaign["campaign_id"]))))
+    result = dag.cascade_status(*_graph(env.store.tasks(campaign["campaign_id"])))
+    ftl = {"state": result["state"], "complete": result["complete"], "blocked": result["blocked"],
+           "pending": result["pending"], "ready": result["ready"],
+           "unreachable": [{"seq": u["seq"], "blocked_by": [ftl_seq_text(s) for s in u["blocked_by"]]}
+                           for u in result["unreachable"]]}
+    return Reply(result, ftl=ftl)
 
 
 @command(cli, "cascade-analysis")
@@ -237,7 +259,7 @@ def propagate_blocks(env: Env) -> Reply:
     campaign = env.active(required=False)
     result: dict[str, Any] = {"propagated": [], "details": [], "skipped": []}
     if campaign is None:
-        return Reply(result)
+        return Reply(result, ftl={"propagated": []}, ftl_indent=None)
     cid = campaign["campaign_id"]
     for seq, roots in dag.propagate_blocks(*_graph(env.store.tasks(cid))):
         try:
@@ -250,7 +272,7 @@ def propagate_blocks(env: Env) -> Reply:
             continue
         result["propagated"].append(seq)
         result["details"].append({"seq": seq, "blocked_by": roots})
-    return Reply(result)
+    return Reply(result, ftl={"propagated": result["propagated"]}, ftl_indent=None)
 
 
 def _outcome(counts: dict[str, int]) -> str:
@@ -284,10 +306,13 @@ def complete(env: Env, summary: str | None) -> Reply:
     record = {**extra, **{k: counts[k] for k in ("total", "complete", "blocked", "pending", "running")},
               "outcome": outcome}
     finished = env.store.finish_campaign(cid, "complete", record)
+    prints = _ftl_fingerprint(env, finished)
     return Reply({"status": finished["status"], "id": cid, "campaign_id": cid,
                   "objective": finished["objective"], "completed_at": finished["finished_at"],
-                  "summary": finished["summary"], "outcome": outcome,
-                  "fingerprint": fingerprint(env.store, finished)})
+                  "summary": finished["summary"], "outcome": outcome, "fingerprint": prints},
+                 ftl={"status": "complete", "objective": finished["objective"],
+                      "completed_at": finished["finished_at"], "summary": finished["summary"],
+                      "fingerprint": prints})
 
 
 @command(cli, "active")
@@ -298,7 +323,12 @@ def active(env: Env) -> Reply:
     summary, tasks, counts}, or {} when none is active (FTL printed null).
     """
     campaign = env.active(required=False)
-    return Reply(campaign_entry(env.store, campaign) if campaign else {})
+    if campaign is None:
+        return Reply({}, ftl=None)
+    entry = campaign_entry(env.store, campaign)
+    return Reply(entry, ftl={"id": entry["id"], "status": entry["status"], "objective": entry["objective"],
+                             "framework": entry["framework"], "created_at": entry["created_at"],
+                             "tasks": [ftl_task(t) for t in entry["tasks"]]})
 
 
 def _finished(env: Env) -> list[dict]:
@@ -318,7 +348,9 @@ def history(env: Env) -> Reply:
         archives.append({"id": c["campaign_id"], "objective": c["objective"], "status": c["status"],
                          "completed_at": c["finished_at"], "summary": c["summary"],
                          "outcome": summary.get("outcome")})
-    return Reply({"archives": archives})
+    ftl = [{"objective": a["objective"], "completed_at": a["completed_at"], "summary": a["summary"] or {}}
+           for a in archives if a["status"] == "complete"]
+    return Reply({"archives": archives}, ftl={"archives": ftl})
 
 
 def _date(ctx: click.Context, param: click.Parameter, value: str | None) -> date | None:
@@ -342,7 +374,7 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
     completed_at, tasks, summary, fingerprint}], "written": OUT, "count": n}; the file holds
     {"campaigns": [...]}.
     """
-    campaigns = []
+    campaigns, ftl = [], []
     for c in _finished(env):
         day = date.fromisoformat((c["finished_at"] or c["updated_at"])[:10])
         if (start and day < start) or (end and day > end):
@@ -350,13 +382,93 @@ def export(env: Env, out: Path, start: date | None, end: date | None) -> Reply:
         campaigns.append({"id": c["campaign_id"], "objective": c["objective"],
                           "framework": c["framework"], "status": c["status"],
                           "completed_at": c["finished_at"], "tasks": env.store.tasks(c["campaign_id"]),
-                          "summary": c["summary"], "fingerprint": fingerprint(env.store, c)})
+                          "summary": c["summary"], "fingerprint": _ftl_fingerprint(env, c)})
+        if c["status"] == "complete":
+            ftl.append({"objective": c["objective"], "framework": c["framework"],
+                        "completed_at": c["finished_at"],
+                        "tasks": [ftl_task(t) for t in campaigns[-1]["tasks"]],
+                        "summary": c["summary"] or {}, "fingerprint": campaigns[-1]["fingerprint"]})
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps({"campaigns": campaigns}, indent=2, default=str) + "\n", encoding="utf-8")
     except OSError as exc:
         raise FtlError("conflict", {"what": f"Cannot write {out.name}: {exc.strerror or 'OS error'}."},
                        message=f"Cannot write {out.name}: {exc.strerror or 'OS error'}.") from None
-    return Reply({"campaigns": campaigns, "written": str(out), "count": len(campaigns)})
+    return Reply({"campaigns": campaigns, "written": str(out), "count": len(campaigns)},
+                 ftl={"campaigns": ftl})
+
+
+def _ftl_fingerprint(env: Env, campaign: dict) -> dict[str, Any]:
+    """FTL's fingerprint: as `fingerprint`, with delta files sorted (FTL used a sorted set)."""
+    found = fingerprint(env.store, campaign)
+    return {**found, "delta_files": sorted(found["delta_files"])}
+
+
+@command(cli, "fingerprint")
+def fingerprint_cmd(env: Env) -> Reply:
+    """The active campaign's fingerprint, for similarity with earlier campaigns.
+
+    data: {framework ("none" when unset), task_count, task_types, delta_files (<= 20, from the
+    campaign's exploration), objective_hash (md5[:8]), objective_preview (<= 100 chars)}, or
+    {} without an active campaign.
+    """
+    campaign = env.active(required=False)
+    found = _ftl_fingerprint(env, campaign) if campaign else {}
+    return Reply(found, ftl=found)
+
+
+#: FTL find-similar weights: objective 0.6, delta files 0.3, task count 0.1.
+_SIMILARITY_WEIGHTS = (0.6, 0.3, 0.1)
+
+
+def similarity(current: dict[str, Any], other: dict[str, Any]) -> float:
+    """FTL's campaign similarity of two fingerprints, in [0, 1]: 0.6 x objective similarity (the
+    share of distinct words the previews have in common, Jaccard; FTL: embeddings or difflib) +
+    0.3 x delta-file Jaccard + 0.1 x (1 - task-count difference / larger count)."""
+    from ftl.memory.scoring import tokens
+
+    words_a, words_b = set(tokens(current["objective_preview"])), set(tokens(other["objective_preview"]))
+    objective = len(words_a & words_b) / len(words_a | words_b) if words_a | words_b else 0.0
+    files_a, files_b = set(current["delta_files"]), set(other["delta_files"])
+    files = len(files_a & files_b) / len(files_a | files_b) if files_a and files_b else 0.0
+    count_a, count_b = current["task_count"], other["task_count"]
+    count = 1.0 - abs(count_a - count_b) / max(count_a, count_b) if count_a > 0 and count_b > 0 else 0.0
+    w_objective, w_files, w_count = _SIMILARITY_WEIGHTS
+    return w_objective * objective + w_files * files + w_count * count
+
+
+@command(cli, "find-similar")
+@click.option("--threshold", type=click.FloatRange(0, 1), default=0.5, show_default=True,
+              help="Minimum similarity.")
+@click.option("--max", "max_results", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Most results.")
+def find_similar(env: Env, threshold: float, max_results: int) -> Reply:
+    """Finished campaigns similar to the active one (same framework unless it is "none").
+
+    data: {"items": [{archive (campaign id), similarity, fingerprint, outcome (complete |
+    partial), objective (<= 100 chars), patterns_from: [memory patterns it produced]}]},
+    most similar first; [] without an active campaign.
+    """
+    campaign = env.active(required=False)
+    if campaign is None:
+        return Reply(wrap([]), ftl=[])
+    current = _ftl_fingerprint(env, campaign)
+    patterns = env.store.memory_store().entries("pattern")
+    found = []
+    for other in _finished(env):
+        theirs = _ftl_fingerprint(env, other)
+        if current["framework"] != "none" and theirs["framework"] != current["framework"]:
+            continue
+        score = similarity(current, theirs)
+        if score >= threshold:
+            summary = other["summary"] if isinstance(other["summary"], dict) else {}
+            found.append({"archive": other["campaign_id"], "similarity": round(score, 3), "fingerprint": theirs,
+                          "outcome": "complete" if summary.get("outcome", "complete") == "complete" else "partial",
+                          "objective": other["objective"][:100],
+                          "patterns_from": [p["name"] for p in patterns
+                                            if p.get("campaign_id") == other["campaign_id"]]})
+    found.sort(key=lambda item: -item["similarity"])
+    return Reply(wrap(found[:max_results]), ftl=found[:max_results])
 
 
 @command(cli, "get-replan-input")
@@ -369,7 +481,14 @@ def get_replan_input(env: Env) -> Reply:
     delivered/reason texts to a failed import and dropped the remaining specs (§8.2 item 9).
     """
     campaign = env.active(required=False)
-    return Reply(replan_input(env.store, campaign["campaign_id"]) if campaign else {})
+    if campaign is None:
+        return Reply({})
+    found = replan_input(env.store, campaign["campaign_id"])
+    ftl = {**found, "remaining_tasks": [
+        {"seq": t["seq"], "slug": t["slug"], "type": t.get("type", "BUILD"),
+         "depends": ftl_depends(t.get("depends") or [])}
+        for t in found["remaining_tasks"]]}
+    return Reply(found, ftl=ftl)
 
 
 @command(cli, "merge-revised-plan")
@@ -384,22 +503,75 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
     and exited 0 on errors (§8.2 item 8). data: {merged, unchanged, added, plan_version}.
     Invalid plan, cycle or unknown dependency -> failure envelope, nothing saved (exit 2).
     """
-    campaign = env.active()
-    cid = campaign["campaign_id"]
-    plan = _load_revision(path, {r["seq"] for r in env.store.tasks(cid)})
-    return Reply(env.store.merge_revised_plan(cid, plan, max_new_tasks=env.config.max_replan_new_tasks))
+    try:
+        campaign = env.active()
+        cid = campaign["campaign_id"]
+        plan = _load_revision(env, cid, path)
+        merged = env.store.merge_revised_plan(cid, plan, max_new_tasks=env.config.max_replan_new_tasks)
+    except FtlRefusal:
+        raise
+    except FtlError as error:  # FTL printed {"error", "merged": 0, "unchanged": 0} and exited 0
+        raise FtlRefusal(error.error_type, error.details, message=error.message, ftl_exit=0,
+                         ftl_indent=2, ftl_payload={"error": _merge_error_text(error), "merged": 0,
+                                                    "unchanged": 0}) from None
+    ftl = {"merged": merged["merged"], "unchanged": merged["unchanged"]}
+    if merged["added"]:
+        ftl["added"] = merged["added"]  # FTL ignored new tasks (docs/ftl-compat.md)
+    return Reply(merged, ftl=ftl)
 
 
-def _load_revision(path: Path, existing: set[str]):
-    """Read and validate a revised plan that may list only the tasks it changes or adds.
+def _merge_error_text(error: FtlError) -> str:
+    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle)."""
+    if error.error_type == "not_found" and "plan file" in str(error.details.get("what", "")):
+        return "Revised plan not found"
+    if error.error_type == "not_found":
+        return "No active campaign"
+    if error.error_type == "cycle_detected":
+        return f"Cycle detected after merge: {error.details.get('cycle', '')}"
+    return error.message
 
-    A dependency on a campaign task the revision does not list is left to the store, which
-    checks the merged graph (FTL checked the merged task list too, §6.8).
+
+#: FTL's revision fragments name a task by seq and give only what changes (often just depends).
+_HEADER_KEYS = ("objective", "campaign", "framework", "framework_confidence", "idioms")
+
+
+def _load_revision(env: Env, cid: str, path: Path):
+    """Read a revised plan, complete it from the campaign's latest plan, and validate it.
+
+    A revision may be a fragment: ``{"tasks": [{"seq": "002", "depends": "none"}]}`` (FTL's
+    re-planner output). A task naming an existing seq takes the fields it gives over the current
+    spec; a missing plan header (objective, framework, idioms, ...) comes from the latest plan.
+    A new seq must be a whole task. The store checks the merged graph (FTL §6.8).
     Raises: FtlError(not_found | schema_invalid | cycle_detected).
     """
-    from ftl.validation import load_plan_file
+    from ftl.validation import parse_plan
 
-    return load_plan_file(path, known_seqs=existing)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError):
+        raise FtlError("not_found", {"what": f"plan file {path.name}"},
+                       message=f"The revised plan {path.name} cannot be read.") from None
+    raw = parse_json_text(text, f"plan file {path.name}")
+    if isinstance(raw, dict):
+        current = env.store.get_plan(cid).model_dump(mode="json", by_alias=True, exclude={"tasks"})
+        specs = {r["seq"]: r["spec"] for r in env.store.tasks(cid)}
+        raw = {**{k: current[k] for k in _HEADER_KEYS if k in current}, **plan_input(raw)}
+        if isinstance(raw.get("tasks"), list):
+            raw["tasks"] = [_complete_task(item, specs) for item in raw["tasks"]]
+    return parse_plan(raw, source=f"plan file {path.name}", known_seqs=set(specs) if isinstance(raw, dict) else ())
+
+
+def _complete_task(item: Any, specs: dict[str, dict]) -> Any:
+    """A revision task over the current spec of the same seq (fields it gives win)."""
+    from ftl.models import normalize_seq
+
+    if not isinstance(item, dict) or "seq" not in item:
+        return item
+    try:
+        seq = normalize_seq(item["seq"])
+    except (TypeError, ValueError):
+        return item
+    return {**specs[seq], **item} if seq in specs else item
 
 
 if __name__ == "__main__":

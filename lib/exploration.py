@@ -43,15 +43,24 @@ MISSING: dict[str, dict[str, Any]] = {
 
 
 def _session_campaign(env: Env, session: str, *, write: bool = False) -> dict:
-    """The campaign a session id names; for writes it must be the active campaign."""
-    if write:
-        active = env.active()
-        if session != active["campaign_id"]:
-            text = (f"Session {session} is not the active campaign ({active['campaign_id']}); "
-                    "results are written to the active campaign only.")
-            raise FtlError("conflict", {"what": text}, message=text)
-        return active
-    return env.store.get_campaign(session)
+    """The campaign a session id names: a campaign id names that campaign; any other id (FTL's
+    random session ids, drawn before the campaign existed) names the active campaign. Writes go
+    to the active campaign only.
+
+    Raises: FtlError(not_found) without an active campaign for a non-campaign id;
+    FtlError(conflict) for a write to a finished campaign's session.
+    """
+    try:
+        campaign = env.store.get_campaign(session)
+    except FtlError as error:
+        if error.error_type != "not_found":
+            raise
+        return env.active()
+    if write and campaign["status"] != "active":
+        text = (f"Session {session} is the finished campaign {session}; results are written to the "
+                "active campaign only.")
+        raise FtlError("conflict", {"what": text}, message=text)
+    return campaign
 
 
 @command(cli, "write-result")
@@ -90,7 +99,8 @@ def write_result(env: Env, session: str, mode: str) -> Reply:
     campaign = _session_campaign(env, session, write=True)
     env.store.record_explorer_result(campaign["campaign_id"], mode, result)
     return Reply({"session_id": session, "mode": mode, "status": "written",
-                  "result_status": result["status"]})
+                  "result_status": result["status"]},
+                 ftl={"session_id": session, "mode": mode, "status": "written"}, ftl_indent=None)
 
 
 @command(cli, "session-status")
@@ -108,15 +118,31 @@ def session_status(env: Env, session: str) -> Reply:
     progress = explorer_progress(env.store.explorer_results(campaign["campaign_id"]),
                                  env.config.explorer_quorum)
     progress.pop("modes")
-    return Reply({"session_id": session, **progress, "total": len(progress["completed"])})
+    return Reply({"session_id": session, **progress, "total": len(progress["completed"])},
+                 ftl={"completed": _by_first_row(progress["completed"],
+                                                 env.store.explorer_results(campaign["campaign_id"])),
+                      "missing": progress["missing"],
+                      "total": len(progress["completed"]), "quorum_met": progress["quorum_met"]})
 
 
-def _git_sha(env: Env) -> str:
+def _by_first_row(modes: list[str], rows: list[dict]) -> list[str]:
+    """``modes`` in the order their first result row was written (FTL listed rows in order)."""
+    order = {}
+    for index, row in enumerate(rows):
+        order.setdefault(row["mode"], index)
+    return sorted(modes, key=lambda m: order.get(m, len(rows)))
+
+
+def _git_sha(env: Env, *, ftl: bool = False) -> str:
+    """``git rev-parse --short HEAD`` of the repository; "unknown" when git cannot tell (FTL's
+    value, with ``ftl=True``: "" when git runs but fails, "unknown" only when it cannot run)."""
     try:
         done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=env.repo, capture_output=True,
                               text=True, timeout=5, check=False)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    if ftl:
+        return done.stdout.strip()
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
@@ -152,10 +178,123 @@ def aggregate_session(env: Env, session: str, objective: str | None) -> Reply:
     pattern, memory, delta}; see `aggregate` for the rules.
     """
     campaign = _session_campaign(env, session)
-    exploration = aggregate(env.store.explorer_results(campaign["campaign_id"]),
-                            objective if objective is not None else campaign["objective"])
+    rows = env.store.explorer_results(campaign["campaign_id"])
+    exploration = aggregate(rows, objective if objective is not None else campaign["objective"])
     exploration["_meta"].update({"created_at": format_ts(_now()), "git_sha": _git_sha(env)})
-    return Reply(exploration)
+    return Reply(exploration, ftl=ftl_aggregate(rows, objective, {**exploration["_meta"],
+                                                                  "ftl_git_sha": _git_sha(env, ftl=True)}))
+
+
+#: FTL's explorer-result defaults, applied by its aggregation to every result (EXPLORER_SCHEMAS).
+FTL_DEFAULTS: dict[str, dict[str, Any]] = {
+    "structure": {"directories": {}, "entry_points": [], "test_patterns": [], "config_files": []},
+    "pattern": {"framework": None, "confidence": 0.5, "idioms": {"required": [], "forbidden": []}},
+    "memory": {"relevant_failures": [], "relevant_patterns": [], "similar_campaigns": []},
+    "delta": {"candidates": [], "candidate_files": []},
+}
+
+
+def ftl_coerced(result: dict[str, Any]) -> dict[str, Any]:
+    """A result as FTL's aggregation leaves it: missing keys get `FTL_DEFAULTS`; a structure's
+    ``directories`` list becomes ``{str(item): true}``; a pattern's framework is text and its
+    confidence a float (0.5 when null); a delta's single candidate becomes a list."""
+    import copy
+
+    mode = result.get("mode")
+    out = copy.deepcopy(result)
+    for key, default in FTL_DEFAULTS.get(mode, {}).items():
+        out.setdefault(key, copy.deepcopy(default))
+    if mode == "structure" and isinstance(out.get("directories"), list):
+        out["directories"] = {str(item): True for item in out["directories"]}
+    if mode == "pattern":
+        if out.get("framework") is not None:
+            out["framework"] = str(out["framework"])
+        out["confidence"] = 0.5 if out.get("confidence") is None else float(out["confidence"])
+    if mode == "delta" and not isinstance(out.get("candidates"), list):
+        value = out.get("candidates")
+        out["candidates"] = [value] if value else []
+    return out
+
+
+def ftl_aggregate(rows: list[dict], objective: str | None, meta: dict[str, Any]) -> dict[str, Any]:
+    """FTL's aggregation: ``{_meta: {version, created_at, git_sha, objective}, <mode>: result}``
+    for the modes that have a result only; a mode whose best result is not ok/partial shows as
+    ``{mode, status: "error", _error, ...its directories/framework/confidence/candidates/idioms}``."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        result = row["result"] if isinstance(row["result"], dict) else {}
+        current = best.get(row["mode"])
+        if current is None or _RANK.get(result.get("status"), 0) >= _RANK.get(current.get("status"), 0):
+            best[row["mode"]] = result
+    out: dict[str, Any] = {"_meta": {"version": "1.0", "created_at": meta["created_at"],
+                                     "git_sha": meta.get("ftl_git_sha", meta["git_sha"]), "objective": objective}}
+    for mode, result in best.items():
+        result = ftl_coerced(result)
+        if result.get("status") in ("ok", "partial"):
+            out[mode] = result
+        else:
+            entry = {"mode": mode, "status": "error", "_error": result.get("error", "unknown error")}
+            entry.update({k: result[k] for k in ("directories", "framework", "confidence", "candidates",
+                                                  "idioms") if k in result})
+            out[mode] = entry
+    return out
+
+
+def _lines_as_results(text: str) -> list[dict]:
+    """Explorer outputs, one per line of ``text``: the line's JSON, or the first JSON object in it
+    (fenced or bare). Lines without a JSON object are skipped, as in FTL."""
+    import json
+    import re
+
+    found = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        candidates = [line]
+        fenced = re.search(r"```(?:json)?\s*(\{.*?\})\s*```", line)
+        if fenced:
+            candidates.append(fenced.group(1))
+        if "{" in line and "}" in line:
+            candidates.append(line[line.index("{"):line.rindex("}") + 1])
+        for candidate in candidates:
+            try:
+                value = json.loads(candidate)
+            except (ValueError, RecursionError):
+                continue
+            if isinstance(value, dict):
+                found.append(value)
+                break
+    return found
+
+
+@command(cli, "aggregate")
+@click.option("--objective", default=None, help="Objective for _meta.")
+def aggregate_stdin(env: Env, objective: str | None) -> Reply:
+    """Aggregate explorer outputs given on stdin, one JSON object per line (FTL aggregate).
+
+    Results without a known `mode` are dropped. data: as aggregate-session.
+    """
+    text = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    rows = [{"mode": r["mode"], "result": r} for r in _lines_as_results(text) if r.get("mode") in EXPLORER_MODES]
+    exploration = aggregate(rows, objective or "")
+    exploration["_meta"].update({"created_at": format_ts(_now()), "git_sha": _git_sha(env)})
+    return Reply(exploration, ftl=ftl_aggregate(rows, objective, {**exploration["_meta"],
+                                                                  "ftl_git_sha": _git_sha(env, ftl=True)}))
+
+
+@command(cli, "clear-session")
+@_SESSION
+def clear_session(env: Env, session: str) -> Reply:
+    """Delete the session's explorer results. data: {"cleared": n}."""
+    campaign = _session_campaign(env, session)
+    return Reply({"cleared": env.store.clear_explorer_results(campaign["campaign_id"])}, ftl_indent=None)
+
+
+@command(cli, "clear")
+def clear(env: Env) -> Reply:
+    """Delete every stored exploration (explorer results stay). data: {"cleared": n}."""
+    return Reply({"cleared": env.store.clear_explorations()}, ftl_indent=None)
 
 
 def _now():
@@ -182,9 +321,10 @@ def write(env: Env) -> Reply:
     if problems:
         raise FtlError("schema_invalid", {"count": len(problems), "violations": problems})
     cid = env.active()["campaign_id"]
-    env.store.save_exploration(cid, exploration)
-    return Reply({"campaign_id": cid, "status": "written",
-                  "modes": [m for m in EXPLORER_MODES if m in exploration]})
+    row_id = env.store.save_exploration(cid, exploration)
+    return Reply({"campaign_id": cid, "status": "written", "id": row_id,
+                  "modes": [m for m in EXPLORER_MODES if m in exploration]},
+                 ftl={"id": row_id}, ftl_indent=None)
 
 
 def _exploration(env: Env, campaign_id: str | None) -> tuple[dict | None, dict | None]:
@@ -208,7 +348,13 @@ def read(env: Env, campaign_id: str | None) -> Reply:
     data: {_meta, structure, pattern, memory, delta}, or {} when none exists (FTL: null).
     """
     found, _ = _exploration(env, campaign_id)
-    return Reply(found or {})
+    if not found:
+        return Reply({}, ftl=None)
+    meta = found.get("_meta") if isinstance(found.get("_meta"), dict) else {}
+    ftl = {"_meta": {"git_sha": meta.get("git_sha", ""), "objective": meta.get("objective", ""),
+                     "created_at": meta.get("created_at", "")}}
+    ftl.update({mode: found.get(mode) or {} for mode in EXPLORER_MODES})
+    return Reply(found, ftl=ftl)
 
 
 def _section(env: Env, campaign_id: str | None, mode: str) -> dict[str, Any]:

@@ -23,7 +23,8 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, Reply, command, read_stdin_json, run, script_group, wrap
+from _common import (Env, FtlRefusal, Reply, command, ftl_plan_task, plan_input, read_stdin_json, run,
+                     script_group, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("plan.py", "Plan versions of a campaign (FTL plan.py).")
@@ -40,6 +41,22 @@ def _status(campaign: dict, version: int, latest: int) -> str:
 def _plan_object(campaign: dict, plan, version: int, latest: int) -> dict[str, Any]:
     return {**plan.model_dump(mode="json", by_alias=True), "id": version, "version": version,
             "campaign_id": campaign["campaign_id"], "status": _status(campaign, version, latest)}
+
+
+def _ftl_plan(env: Env, campaign: dict, plan, version: int, latest: int) -> dict[str, Any]:
+    """FTL's plan record: {id, campaign_id (as the plan gave it), objective, framework, idioms,
+    tasks (as the planner wrote them), status, created_at}."""
+    extra = plan.model_extra or {}
+    return {"id": version, "campaign_id": extra.get("campaign_id"), "objective": plan.objective,
+            "framework": plan.framework, "idioms": plan.idioms.model_dump(mode="json"),
+            "tasks": [ftl_plan_task(t) for t in plan.tasks],
+            "status": _status(campaign, version, latest),
+            "created_at": env.store.plan_saved_at(campaign["campaign_id"], version)}
+
+
+def _missing(plan_id: int, error: FtlError) -> FtlRefusal:
+    return FtlRefusal(error.error_type, error.details, message=error.message,
+                      ftl_payload={"error": f"Plan {plan_id} not found"})
 
 
 def _campaign(env: Env, campaign_id: str | None) -> dict:
@@ -63,9 +80,10 @@ def write(env: Env) -> Reply:
     """
     from ftl.validation import parse_plan
 
-    plan = parse_plan(read_stdin_json("plan on standard input"), source="plan on standard input")
+    plan = parse_plan(plan_input(read_stdin_json("plan on standard input")), source="plan on standard input")
     cid = env.active()["campaign_id"]
-    return Reply({"id": env.store.save_plan(cid, plan), "campaign_id": cid})
+    version = env.store.save_plan(cid, plan)
+    return Reply({"id": version, "campaign_id": cid}, ftl={"id": version}, ftl_indent=None)
 
 
 @command(cli, "read")
@@ -75,8 +93,13 @@ def read(env: Env, plan_id: int, campaign_id: str | None) -> Reply:
     """Plan version N. data: the plan object. Unknown version -> NOT_FOUND (exit 2)."""
     campaign = _campaign(env, campaign_id)
     cid = campaign["campaign_id"]
-    plan = env.store.get_plan(cid, plan_id)
-    return Reply(_plan_object(campaign, plan, plan_id, env.store.plan_versions(cid)[-1]))
+    try:
+        plan = env.store.get_plan(cid, plan_id)
+    except FtlError as error:
+        raise _missing(plan_id, error) from None
+    latest = env.store.plan_versions(cid)[-1]
+    return Reply(_plan_object(campaign, plan, plan_id, latest),
+                 ftl=_ftl_plan(env, campaign, plan, plan_id, latest))
 
 
 @command(cli, "get-active")
@@ -92,7 +115,9 @@ def get_active(env: Env, campaign_id: str | None) -> Reply:
     if not versions:
         raise FtlError("not_found", {"what": f"any plan of campaign {cid}"},
                        message=f"Campaign {cid} has no plan yet; send one with `plan.py write`.")
-    return Reply(_plan_object(campaign, env.store.get_plan(cid, versions[-1]), versions[-1], versions[-1]))
+    plan = env.store.get_plan(cid, versions[-1])
+    return Reply(_plan_object(campaign, plan, versions[-1], versions[-1]),
+                 ftl=_ftl_plan(env, campaign, plan, versions[-1], versions[-1]))
 
 
 @command(cli, "list")
@@ -107,16 +132,18 @@ def list_(env: Env, status: str | None, campaign_id: str | None) -> Reply:
     campaign = _campaign(env, campaign_id)
     cid = campaign["campaign_id"]
     versions = env.store.plan_versions(cid)
-    items = []
-    for version in reversed(versions):
+    items, ftl = [], []
+    for version in versions:
         state = _status(campaign, version, versions[-1])
         if status is not None and state != status:
             continue
         plan = env.store.get_plan(cid, version)
         objective = plan.objective if len(plan.objective) <= 50 else plan.objective[:50] + "..."
-        items.append({"id": version, "campaign_id": cid, "objective": objective,
-                      "framework": plan.framework, "status": state, "task_count": len(plan.tasks)})
-    return Reply(wrap(items))
+        items.insert(0, {"id": version, "campaign_id": cid, "objective": objective,
+                         "framework": plan.framework, "status": state, "task_count": len(plan.tasks)})
+        ftl.append({"id": version, "objective": objective, "framework": plan.framework, "status": state,
+                    "task_count": len(plan.tasks), "created_at": env.store.plan_saved_at(cid, version)})
+    return Reply(wrap(items), ftl=ftl)  # FTL listed oldest first
 
 
 if __name__ == "__main__":

@@ -26,7 +26,8 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, Reply, command, parse_json_option, parse_workspace_ref, run, script_group, wrap
+from _common import (Env, FtlRefusal, Reply, command, parse_json_option, parse_workspace_ref, run,
+                     script_group, wrap)
 from ftl.envelope import Warning
 from ftl.errors import FtlError
 
@@ -51,6 +52,39 @@ def view(row: dict) -> dict[str, Any]:
         "delivered": str(result.get("delivered") or build.get("delivered") or ""),
         "result": row["result"],
     }
+
+
+def ftl_view(row: dict) -> dict[str, Any]:
+    """FTL's workspace object (``_ws_to_dict``) from a store workspace row: {id, workspace_id,
+    status, created_at, completed_at, blocked_at, objective, delta, verify, verify_source,
+    budget, delivered, framework, framework_confidence} plus, when not empty, idioms (only
+    with a framework other than "none"), prior_knowledge, lineage, utilized_memories,
+    code_contexts with code_context (the first), preflight."""
+    spec = row["spec"] if isinstance(row["spec"], dict) else {}
+    full = view(row)
+    status = {"built": "active"}.get(row["status"], row["status"])
+    out: dict[str, Any] = {
+        "id": row["workspace_id"], "workspace_id": row["workspace_id"], "status": status,
+        "created_at": row["created_at"], "completed_at": full["completed_at"],
+        "blocked_at": full["blocked_at"], "objective": spec.get("objective", ""),
+        "delta": spec.get("delta", []), "verify": spec.get("verify", ""),
+        "verify_source": spec.get("verify_source"), "budget": spec.get("budget", 5),
+        "delivered": full["delivered"], "framework": spec.get("framework"),
+        "framework_confidence": spec.get("framework_confidence", 1.0)}
+    if spec.get("framework") not in (None, "none") and spec.get("idioms"):
+        out["idioms"] = spec["idioms"]
+    for key in ("prior_knowledge", "lineage"):
+        if spec.get(key):
+            out[key] = spec[key]
+    result = row["result"] if isinstance(row["result"], dict) else {}
+    if result.get("utilized"):
+        out["utilized_memories"] = result["utilized"]
+    if spec.get("code_contexts"):
+        out["code_contexts"] = spec["code_contexts"]
+        out["code_context"] = spec["code_contexts"][0]
+    if spec.get("preflight"):
+        out["preflight"] = spec["preflight"]
+    return out
 
 
 def _find(env: Env, campaign_id: str, ref: str) -> dict:
@@ -85,7 +119,7 @@ def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
         current = [w for w in env.store.workspaces(cid, seq=seq)
                    if w["attempt"] == row["attempts"] and w["status"] in OPEN]
         if current:  # FTL create is idempotent: the open attempt is returned as it is
-            return view(current[-1])
+            return current[-1]
     elif row["status"] == "pending":
         row = _start(env, cid, seq)
     else:
@@ -94,12 +128,40 @@ def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
         text = f"Task {seq} is {row['status']}; no new attempt can start ({hint})."
         raise FtlError("conflict", {"what": text}, message=text)
     task = plan.task(seq)
+    memory = env.store.memory_store().context(objective=plan.objective or None, max_failures=5,
+                                              max_patterns=3)
     workspace = build_workspace(
         campaign_id=cid, plan=plan, task=task, attempt=row["attempts"],
         timeout_s=env.config.task_timeout_s(task.budget, task.timeout_s),
-        tasks=env.store.tasks(cid), memory=env.store.memory(type="failure", limit=5))
-    env.store.record_workspace(cid, {**workspace.model_dump(mode="json"), "status": "active"})
-    return view(_find(env, cid, workspace.workspace_id))
+        tasks=env.store.tasks(cid), memory=memory)
+    env.store.record_workspace(cid, {**workspace.model_dump(mode="json"), **_ftl_extras(env, cid, task),
+                                     "status": "active"})
+    return _find(env, cid, workspace.workspace_id)
+
+
+def _ftl_extras(env: Env, cid: str, task) -> dict[str, Any]:
+    """What FTL's workspace carries beyond ftl's `Workspace`: verify_source, code_contexts of
+    the delta files that exist (read here, at the edge), preflight, framework_confidence (the
+    exploration's pattern confidence, else 0.5) and the task's pass-through fields."""
+    from ftl.workspaces import code_context, verify_source
+
+    contexts = []
+    for name in task.delta:
+        path = env.repo / name
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() else None
+        except (OSError, UnicodeDecodeError):
+            text = None
+        if text is not None:
+            contexts.append(code_context(name, text, target_lines=task.target_lines.get(name),
+                                         task_type=task.type.value))
+    exploration = env.store.exploration(cid) or {}
+    pattern = exploration.get("pattern") if isinstance(exploration.get("pattern"), dict) else {}
+    confidence = pattern.get("confidence", 0.5)
+    return {"verify_source": task.verify_source or verify_source(task.verify), "code_contexts": contexts,
+            "preflight": list(task.preflight),
+            "framework_confidence": float(confidence) if isinstance(confidence, (int, float)) else 0.5,
+            **(task.model_extra or {})}
 
 
 @command(cli, "create")
@@ -147,8 +209,11 @@ def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:
         status = {r["seq"]: r["status"] for r in rows}
         seqs = [s for s in planned if s in ready]
         skipped = [{"seq": s, "status": status.get(s, "unregistered")} for s in planned if s not in ready]
-    created = [_create_one(env, cid, plan, seq) for seq in seqs]
-    return Reply({"created": created, "skipped": skipped}, warnings=warnings)
+    if not env.store.tasks(cid):  # FTL's flow may create workspaces before add-tasks
+        env.store.add_tasks(cid, plan)
+    rows = [_create_one(env, cid, plan, seq) for seq in seqs]
+    return Reply({"created": [view(r) for r in rows], "skipped": skipped}, warnings=warnings,
+                 ftl={"created": [ftl_view(r) for r in rows]}, ftl_indent=None)
 
 
 def _open_attempt(env: Env, ref: str) -> tuple[str, dict]:
@@ -201,7 +266,8 @@ def _finish(env: Env, ref: str, status: str, result: dict) -> Reply:
     env.store.transition_task(cid, row["seq"], status, reason=result.get("reason"),
                               delivered=result["delivered"])
     env.store.finish_workspace(cid, row["workspace_id"], row["attempt"], status, result)
-    return Reply(view(_find(env, cid, row["workspace_id"])))
+    done = _find(env, cid, row["workspace_id"])
+    return Reply(view(done), ftl=ftl_view(done), ftl_indent=None)
 
 
 @command(cli, "parse")
@@ -214,9 +280,26 @@ def parse(env: Env, ref: str, campaign_id: str | None) -> Reply:
     exited 0).
     """
     campaign = env.campaign(campaign_id)
-    if campaign is None:
-        raise FtlError("not_found", {"what": "campaign"}, message="The store has no campaign yet.")
-    return Reply(view(_find(env, campaign["campaign_id"], ref)))
+    try:
+        if campaign is None:
+            raise FtlError("not_found", {"what": "campaign"}, message="The store has no campaign yet.")
+        row = _find(env, campaign["campaign_id"], ref)
+    except FtlError as error:
+        if error.error_type != "not_found":
+            raise
+        raise FtlRefusal("not_found", error.details, message=error.message, ftl_exit=0,
+                         ftl_payload={"error": f"Workspace not found: {_ftl_id(ref)}"}) from None
+    return Reply(view(row), ftl=ftl_view(row))
+
+
+def _ftl_id(ref: str) -> str:
+    """The workspace id FTL derived from an ID argument (a virtual path gives seq-slug)."""
+    if "/" in ref or ref.endswith(".xml"):
+        parts = ref.rsplit("/", 1)[-1].removesuffix(".xml").rsplit("_", 1)
+        if len(parts) == 2 and "_" in parts[0]:
+            seq, slug = parts[0].split("_", 1)
+            return f"{seq}-{slug}"
+    return ref
 
 
 @command(cli, "list")
@@ -232,7 +315,39 @@ def list_(env: Env, status: str | None, campaign_id: str | None) -> Reply:
     rows = [r for c in campaigns for r in env.store.workspaces(c["campaign_id"])
             if status is None or r["status"] == status]
     rows.sort(key=lambda r: (r["created_at"], r["attempt"]), reverse=True)
-    return Reply(wrap([view(r) for r in rows]))
+    return Reply(wrap([view(r) for r in rows]), ftl=[ftl_view(r) for r in rows])
+
+
+@command(cli, "get-injected")
+@click.option("--workspace", "ref", required=True,
+              help="Workspace ID or path; a '*' matches by prefix (e.g. '1-*').")
+def get_injected(env: Env, ref: str) -> Reply:
+    """The memory entries injected into a workspace's prior knowledge, for feedback-batch.
+
+    data: {"items": [{name, type}]}: failures, patterns and sibling failures, each once
+    (FTL get-injected). Workspaces of the active campaign, else the newest; unknown IDs give [].
+    """
+    campaign = env.campaign(None)
+    rows = [] if campaign is None else env.store.workspaces(campaign["campaign_id"])
+    if "*" in ref:
+        prefix = ref.replace("*", "")
+        chosen = [r for r in rows if r["workspace_id"].startswith(prefix)]
+    else:
+        try:
+            seq, workspace_id = parse_workspace_ref(ref)
+        except FtlError:
+            seq, workspace_id = None, None
+        chosen = [r for r in rows if r["seq"] == seq and workspace_id in (None, r["workspace_id"])]
+        chosen = chosen[-1:]  # the latest attempt
+    injected, seen = [], set()
+    for row in chosen:
+        prior = (row["spec"] or {}).get("prior_knowledge") or {}
+        for key, kind in (("failures", "failure"), ("patterns", "pattern"), ("sibling_failures", "failure")):
+            for entry in prior.get(key) or []:
+                if (entry.get("name"), kind) not in seen:
+                    seen.add((entry.get("name"), kind))
+                    injected.append({"name": entry.get("name"), "type": kind})
+    return Reply(wrap(injected), ftl=injected, ftl_indent=None)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,9 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
     timeout_s = run.config.task_timeout_s(task.budget, task.timeout_s)
     workspace = build_workspace(
         campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
-        timeout_s=timeout_s, tasks=rows, memory=run.store.memory(type="failure", limit=5))
+        timeout_s=timeout_s, tasks=rows,
+        memory=run.store.memory(type="failure", limit=5,
+                                objective=f"{run.current_plan.objective} {task.slug}"))
     spec = workspace.model_dump(mode="json")
     facts = run.facts() + [fact("task", seq, task.type.value)]
     if task.run:

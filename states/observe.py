@@ -34,7 +34,8 @@ def enter(run: Run) -> Next:
     run.observation = result
     run.log.emit(ev.OBSERVATION, skipped=False,
                  failures_extracted=len(result.get("failures_extracted", [])),
-                 patterns_extracted=len(result.get("patterns_extracted", [])))
+                 patterns_extracted=len(result.get("patterns_extracted", [])),
+                 feedback_recorded=result.get("feedback_recorded", {"helped": 0, "not_helped": 0}))
     return Next("complete")
 
 

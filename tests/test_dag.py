@@ -338,3 +338,13 @@ def test_critical_path_is_the_longest_chain(graph: dict[str, list[str]], data) -
     assert impact["on_critical_path"] == (blocked in path)
     if not impact["on_critical_path"]:
         assert impact["critical_work_lost"] <= impact["work_lost"]
+
+
+def test_status_texts_are_the_models_statuses():
+    # dag compares plain strings so that reading commands never import the pydantic models
+    assert dag.STATUSES == tuple(s.value for s in TaskStatus)
+
+
+def test_unknown_status_is_a_value_error():
+    with pytest.raises(ValueError, match="not a valid task status"):
+        dag.ready_set({"001": []}, {"001": "in_progress"})

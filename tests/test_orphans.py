@@ -43,26 +43,27 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
-def test_a_kill_of_ftl_alone_leaves_no_server_and_resume_reaps_the_builds_leftovers(
-        tmp_path: Path) -> None:
+def _repo(tmp_path: Path) -> Path:
     repo = tmp_path / "repo"
     repo.mkdir()
     (repo / ".gitignore").write_text(".ftl/\n")
     for argv in (["git", "init", "-q"], ["git", "add", "-A"],
                  ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init"]):
         subprocess.run(argv, cwd=repo, check=True)
-    started, late = tmp_path / "started", tmp_path / "late"
-    # First attempt: leave a background writer behind (it would write `late` in 8 s) and hang.
-    run = (f"if [ -f {started} ]; then echo ok > out.txt; else touch {started}; "
-           f"(sleep 8; echo orphan >> {late}) & sleep 60; fi")
+    return repo
+
+
+def _run_then_kill_ftl_alone(tmp_path: Path, repo: Path, run: str, timeout_s: float) -> None:
+    """Start a campaign of one task, SIGKILL the ftl process alone once the task's command has
+    started (tmp_path/started exists), and check that the tool server died with ftl."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"objective": "orphans", "tasks": [
-        {"seq": "001", "slug": "leave-a-child", "creates": ["out.txt"], "run": run,
-         "verify": "test -s out.txt", "timeout_s": 120}]}))
+        {"seq": "001", "slug": "slow-build", "creates": ["out.txt"], "run": run,
+         "verify": "test -s out.txt", "timeout_s": timeout_s}]}))
     proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait(started.exists)
+        _wait((tmp_path / "started").exists)
         server = _children_of(proc.pid)
         assert server, "the tool server runs as ftl's child"
         os.kill(proc.pid, signal.SIGKILL)  # ftl alone, not its process group
@@ -71,17 +72,48 @@ def test_a_kill_of_ftl_alone_leaves_no_server_and_resume_reaps_the_builds_leftov
         if proc.poll() is None:
             proc.kill()
     _wait(lambda: not any(_alive(pid) for pid in server), timeout_s=10)  # died with ftl
-    resumed = subprocess.run([*FTL, "campaign", "resume", "--repo", str(repo), "--json"],
+
+
+def _resume(repo: Path, *extra: str) -> tuple[dict, list[dict]]:
+    resumed = subprocess.run([*FTL, "campaign", "resume", "--repo", str(repo), "--json", *extra],
                              capture_output=True, text=True, timeout=120)
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    time.sleep(9)  # past the moment the orphan would have written
-    assert not late.exists(), "the build's background process outlived the crash"
+    data = json.loads(resumed.stdout)["data"]
     logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
-    events = [e for log in logs for e in read_events(log)]
-    reaped = [e for e in events if e["event"] == "RECOVERY_ATTEMPT" and e["strategy"] == "reap_orphans"]
-    assert len(reaped) == 1 and reaped[0]["groups"][0]["killed"]
     assert replay(logs).violations == []
     assert not list((repo / ".ftl" / "procs").glob("*.json"))
+    return data, [e for log in logs for e in read_events(log)]
+
+
+def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Path) -> None:
+    """The build finishes after ftl died: it records its own checkpoint, the resume waits for
+    it instead of starting it again, and the build command completes exactly once."""
+    repo, marker = _repo(tmp_path), tmp_path / "built"
+    run = f"touch {tmp_path / 'started'}; sleep 3; echo ok > out.txt; echo done >> {marker}"
+    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=60)
+    data, events = _resume(repo)
+    assert data["exit_code"] == 0, data
+    assert marker.read_text().splitlines() == ["done"]
+    waiting = [e for e in events if e["event"] == "ORPHANS_WAITING"]
+    assert len(waiting) == 1 and waiting[0]["count"] == 1
+    (reaped,) = [e for e in events if e["event"] == "RECOVERY_ATTEMPT"
+                 and e["strategy"] == "reap_orphans"]
+    assert reaped["groups"][0]["finished"] is True and reaped["groups"][0]["killed"] == []
+
+
+def test_resume_kills_what_the_killed_run_left_once_its_deadline_passes(tmp_path: Path) -> None:
+    """A leftover that would outlive its task's timeout (a background writer, a hang) is killed
+    at that deadline, before the task runs again: it never writes into the repository."""
+    repo, late = _repo(tmp_path), tmp_path / "late"
+    run = (f"if [ -f {tmp_path / 'started'} ]; then echo ok > out.txt; else "
+           f"touch {tmp_path / 'started'}; (sleep 12; echo orphan >> {late}) & sleep 60; fi")
+    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=4)
+    data, events = _resume(repo)
+    assert data["exit_code"] == 0, data
+    time.sleep(max(0.0, 13 - 4))  # past the moment the orphan would have written
+    assert not late.exists(), "the build's background process outlived the crash"
+    (reaped,) = [e for e in events if e["event"] == "RECOVERY_ATTEMPT"
+                 and e["strategy"] == "reap_orphans"]
+    assert reaped["groups"][0]["finished"] is False and reaped["groups"][0]["killed"]
 
 
 def _alive(pid: int) -> bool:

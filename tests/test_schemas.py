@@ -71,7 +71,7 @@ def test_valid_plan_in_its_input_forms_validates_against_the_schema() -> None:
 
 @pytest.mark.parametrize("mutation", [
     lambda p: p.pop("objective"),
-    lambda p: p.update(extra=1),
+    lambda p: p["tasks"][0].update(budget=0),
     lambda p: p["tasks"][0].update(seq="abc"),
     lambda p: p["tasks"][1].update(depends="001,002"),
     lambda p: p["tasks"][1].update(seq=True),
@@ -84,6 +84,16 @@ def test_schema_rejects_what_the_model_rejects(mutation) -> None:
     with pytest.raises(ValidationError):
         Plan.model_validate(raw)
     assert list(validator("plan").iter_errors(raw)), "schema accepted an invalid plan"
+
+
+def test_unknown_plan_and_task_fields_pass_through_model_and_schema() -> None:
+    raw = json.loads(json.dumps(PLAN))
+    raw["rationale"] = "FTL planner note"
+    raw["tasks"][0]["notes"] = {"why": "kept"}
+    plan = Plan.model_validate(raw)
+    dumped = plan.model_dump(mode="json", by_alias=True)
+    assert dumped["rationale"] == "FTL planner note" and dumped["tasks"][0]["notes"] == {"why": "kept"}
+    assert not list(validator("plan").iter_errors(raw))
 
 
 seq_inputs = st.integers(1, 60).flatmap(

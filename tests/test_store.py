@@ -3,6 +3,8 @@ threads, crash survival (SIGKILL mid-write), the re-plan merge, and unreadable f
 
 from __future__ import annotations
 
+import json
+
 import multiprocessing
 import os
 import re
@@ -751,3 +753,24 @@ def test_memory_rejects_malformed_entries(store: Store, entry):
         store.add_memory(entry)
     assert error_of(excinfo).error_type == "schema_invalid"
     assert store.memory() == []
+
+
+def test_task_graph_and_selected_tasks_match_the_full_rows(store: Store):
+    cid = store.create_campaign("graph")["campaign_id"]
+    store.add_tasks(cid, plan(task("001"), task("002", depends=["001"]), task("010", depends=["001", "002"])))
+    store.transition_task(cid, "001", "running")
+    rows = store.tasks(cid)
+    depends, status = store.task_graph(cid)
+    assert depends == {r["seq"]: r["depends"] for r in rows}
+    assert status == {r["seq"]: r["status"] for r in rows}
+    assert list(depends) == ["001", "002", "010"]
+    assert store.tasks(cid, seqs=["010", "001", "999"]) == [rows[0], rows[2]]
+    assert store.tasks(cid, seqs=[]) == []
+
+
+@pytest.mark.parametrize("text", ['[]', '["001","002"]', '{"a":{"b":[1,2.5,null,true]},"s":"é"}',
+                                  '{"big":123456789012345678901234567890}', '[NaN]'])
+def test_json_columns_read_back_as_the_json_module_reads_them(text: str):
+    from ftl.store import _loads
+    value, expected = _loads(text), json.loads(text)
+    assert json.dumps(value) == json.dumps(expected)

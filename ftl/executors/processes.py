@@ -3,14 +3,18 @@
 Two defences against orphans (issue "crash safety", item 3), Linux only:
 
 * `parent_death_setup` (a ``preexec_fn``) asks the kernel to SIGKILL a child when the thread
-  that spawned it exits (``prctl(PR_SET_PDEATHSIG)``): the tool server dies with ftl, and a
-  builder's shell with the tool server. It reaches the direct child only.
+  that spawned it exits (``prctl(PR_SET_PDEATHSIG)``): the tool server dies with ftl, and so do
+  the short commands it runs (explorers, git, planners). It reaches the direct child only.
 * the **ledger**: each build or verify command's process group is recorded in
-  ``.ftl/procs/<pid>.json`` (pid = pgid, its start time in clock ticks) while it runs and
-  forgotten when it is reaped. What a ``kill -9`` of ftl leaves behind (the grandchildren a
-  shell started, still in that group, still changing the repository) is found there by `reap`
-  when the campaign resumes, and killed before any task runs again. The leader's start time
-  tells our group from a later one that reused the number.
+  ``.ftl/procs/<pid>.json`` (pid = pgid, its start time in clock ticks, its deadline) while it
+  runs and forgotten when it is reaped. These commands get no parent-death signal: killing one
+  after its work is done but before its wrapper wrote the checkpoint is exactly how a finished
+  build ran twice (issue "crash safety", item 1). Instead, when ftl dies, such a command runs
+  to its end and records its own completion; `reap`, called by the resume before anything
+  runs again, waits for every recorded group to end, up to its deadline (the task's timeout),
+  and kills what is left then. So no orphan changes the repository while a resume runs, and a
+  finished build is never repeated. The leader's start time tells our group from a later one
+  that reused the number.
 
 A process that left its group (``setsid``) is out of reach of both; say so where it matters.
 """
@@ -22,6 +26,7 @@ import ctypes
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Callable
 
@@ -68,9 +73,10 @@ def start_ticks(pid: int) -> int | None:
     return found[1] if found else None
 
 
-def record(ledger: Path, pid: int, what: str) -> Path | None:
-    """Write ``ledger/<pid>.json`` for the group led by ``pid`` (atomic rename). Returns the
-    entry's path, or None when it could not be written (the command still runs)."""
+def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
+    """Write ``ledger/<pid>.json`` for the group led by ``pid`` (atomic rename), with its
+    deadline (``deadline_s``, epoch seconds). Returns the entry's path, or None when it could
+    not be written (the command still runs)."""
     ticks = start_ticks(pid)
     if ticks is None:
         return None
@@ -78,7 +84,8 @@ def record(ledger: Path, pid: int, what: str) -> Path | None:
     try:
         ledger.mkdir(parents=True, exist_ok=True)
         partial = entry.with_suffix(".tmp")
-        partial.write_text(json.dumps({"pgid": pid, "start_ticks": ticks, "what": what[:200]}))
+        partial.write_text(json.dumps({"pgid": pid, "start_ticks": ticks, "what": what[:200],
+                                       "deadline_s": deadline_s}))
         os.replace(partial, entry)
     except OSError:
         return None
@@ -92,11 +99,19 @@ def forget(entry: Path | None) -> None:
             entry.unlink()
 
 
-def reap(ledger: Path) -> list[dict]:
-    """Kill (SIGKILL) what is left of every group in ``ledger`` and empty it.
+def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
+         on_wait: Callable[[list[dict]], None] | None = None) -> list[dict]:
+    """End every group recorded in ``ledger`` and empty it.
+
+    Args:
+        wait: let each group run to its end, up to its deadline, before killing (SIGKILL) what
+            is left; False kills at once.
+        poll_s: how often the waiting looks at /proc, s.
+        on_wait: called once with the groups about to be waited for (a progress line).
 
     Returns:
-        ``[{"pgid", "what", "killed": [pids]}]`` for the groups that still had members.
+        ``[{"pgid", "what", "waited_ms", "finished": bool (ended by itself), "killed": [pids]}]``
+        for the groups that still had members.
     """
     if not ledger.is_dir():
         return []
@@ -104,30 +119,46 @@ def reap(ledger: Path) -> list[dict]:
     for path in sorted(ledger.glob("*.json")):
         try:
             data = json.loads(path.read_text())
-            entries.append((path, int(data["pgid"]), int(data["start_ticks"]), str(data.get("what", ""))))
+            entries.append((path, int(data["pgid"]), int(data["start_ticks"]),
+                            str(data.get("what", "")), float(data.get("deadline_s") or 0)))
         except (OSError, ValueError, KeyError, TypeError):
             forget(path)  # unreadable: nothing can be matched against it
-    if not entries:
-        return []
-    members: dict[int, list[tuple[int, int]]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            found = _stat(int(name))
-            if found is not None:
-                members.setdefault(found[0], []).append((int(name), found[1]))
-    reaped = []
-    for path, pgid, ticks, what in entries:
-        group = members.get(pgid, [])
-        # The kernel reuses a number as a pid only once no group uses it: a leader with this
-        # pid but another start time means our group is gone and a new one took the number.
-        if any(pid == pgid and started != ticks for pid, started in group):
+    live = [(path, pgid, ticks, what, deadline) for path, pgid, ticks, what, deadline in entries
+            if _members(pgid, ticks)]
+    for path, *_ in entries:
+        if all(path != item[0] for item in live):
             forget(path)
-            continue
-        alive = [pid for pid, _ in group if pid != os.getpid()]
+    if not live:
+        return []
+    if on_wait is not None and wait:
+        on_wait([{"pgid": pgid, "what": what, "deadline_s": deadline}
+                 for _, pgid, _, what, deadline in live])
+    started = time.monotonic()
+    reaped = []
+    for path, pgid, ticks, what, deadline in live:
+        while wait and time.time() < deadline and _members(pgid, ticks):
+            time.sleep(poll_s)
+        alive = _members(pgid, ticks)
         for pid in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        if alive:
-            reaped.append({"pgid": pgid, "what": what, "killed": sorted(alive)})
+        reaped.append({"pgid": pgid, "what": what, "finished": not alive, "killed": alive,
+                       "waited_ms": int((time.monotonic() - started) * 1000)})
         forget(path)
     return reaped
+
+
+def _members(pgid: int, ticks: int) -> list[int]:
+    """Live pids of our group ``pgid`` (its leader started at ``ticks``), sorted; [] when the
+    group is gone or the number now names a newer group."""
+    group = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            found = _stat(int(name))
+            if found is not None and found[0] == pgid:
+                group.append((int(name), found[1]))
+    # The kernel reuses a number as a pid only once no group uses it: a leader with this
+    # pid but another start time means our group is gone and a new one took the number.
+    if any(pid == pgid and started != ticks for pid, started in group):
+        return []
+    return sorted(pid for pid, _ in group if pid != os.getpid())

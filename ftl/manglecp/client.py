@@ -55,6 +55,7 @@ class ManglecpClient:
         self.boot_timeout_s = boot_timeout_s
         self.request_timeout_s = request_timeout_s
         self._lock = threading.Lock()
+        self._parsed_manifest: tuple[Mapping[str, Any], Manifest] | None = None
 
     # -- manifest ------------------------------------------------------------------------------
 
@@ -67,8 +68,18 @@ class ManglecpClient:
         """
         return self._parse_manifest(self.transport.manifest())
 
+    def _parse_manifest(self, message: Mapping[str, Any]) -> Manifest:
+        """``message``'s payload as a `Manifest`, validated once per manifest object (every
+        request checks readiness; transports hand out the same object until a new one arrives)."""
+        parsed = self._parsed_manifest
+        if parsed is not None and parsed[0] is message:
+            return parsed[1]
+        manifest = self._validate_manifest(message)
+        self._parsed_manifest = (message, manifest)
+        return manifest
+
     @staticmethod
-    def _parse_manifest(message: Mapping[str, Any]) -> Manifest:
+    def _validate_manifest(message: Mapping[str, Any]) -> Manifest:
         try:
             return Manifest.model_validate(message.get("payload", {}))
         except ValidationError as exc:

@@ -181,9 +181,14 @@ def to_ftl_error(error_payload: Mapping[str, Any]) -> FtlError:
 
 
 class _Open(BaseModel):
-    """Lenient base: unknown keys (``x-`` extensions, newer fields) are kept, never rejected."""
+    """Lenient base: unknown keys (``x-`` extensions, newer fields) are kept, never rejected.
 
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    ``defer_build``: a model's validator is built at its first use, not at import, so a process
+    that uses a few of these ~30 models (the stdio server, the client) does not pay for all of
+    them at start (server boot, issue 11 item 2).
+    """
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
 
     def dump(self) -> dict[str, Any]:
         """JSON-ready dict without unset optional keys."""
@@ -191,7 +196,7 @@ class _Open(BaseModel):
 
 
 class _Strict(_Open):
-    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True)
+    model_config = ConfigDict(extra="allow", populate_by_name=True, strict=True, defer_build=True)
 
 
 class Envelope(_Strict):
@@ -619,13 +624,14 @@ class NormalFact:
 
     _identity: str = field(default="", init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        # repr of normalised values is canonical (objects arrive with sorted keys) and much
-        # cheaper than JSON; it never depends on the process (no hash()).
-        object.__setattr__(self, "_identity", repr((self.pred, self.args, self.t)))
-
     def key(self) -> str:
-        """Identity for deduplication (spec 03 §5: provenance is not part of it)."""
+        """Identity for deduplication (spec 03 §5: provenance is not part of it).
+
+        The repr of the normalised values: canonical (objects arrive with sorted keys), much
+        cheaper than JSON, never dependent on the process (no hash()). Computed on first use.
+        """
+        if not self._identity:
+            object.__setattr__(self, "_identity", repr((self.pred, self.args, self.t)))
         return self._identity
 
 
@@ -715,8 +721,9 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
     formats = profile.time_formats if profile is not None else ["rfc3339", "epoch_ms"]
     violations: list[dict[str, Any]] = []
     out: list[NormalFact] = []
-    seen: set[str] = set()
+    seen: set[Any] = set()
     index = 0
+    fast = _fast_shapes_of(profile, declared, reserved_ok)
 
     def bad(issue: str, message: str, pred: Any = None, **extra: Any) -> None:
         entry = {"fact_index": index, "predicate": pred if isinstance(pred, str) else "",
@@ -725,6 +732,21 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
         violations.append(entry)
 
     for index, item in enumerate(facts):
+        # Fast path (issue 11 item 5): a plain {"pred", "args"} fact of a declared input
+        # predicate whose arguments are strings or 53-bit integers of the declared types passes
+        # every check below; its identity is (pred, args) because str and int never compare
+        # equal (bools, floats and nested values take the full path).
+        if type(item) is dict and len(item) == 2:
+            pred, args = item.get("pred"), item.get("args")
+            shape = fast.get(pred) if type(pred) is str else None
+            if shape is not None and type(args) is list and len(args) == len(shape) and (
+                    _fits(args, shape)):
+                values = tuple(args)
+                identity = (pred, values)
+                if identity not in seen:
+                    seen.add(identity)
+                    out.append(NormalFact(pred, values))
+                continue
         if not isinstance(item, dict) and not isinstance(item, Mapping):
             bad("invalid_facts", f"fact {index} is a JSON {_json_type(item)}, not an object")
             continue
@@ -806,12 +828,59 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
                 bad("invalid_facts", f"bad temporal annotation: {exc}", pred)
                 continue
         normal = NormalFact(pred, tuple(values), interval)
-        identity = normal.key()
+        identity = (pred, normal.args) if interval is None and all(
+            type(v) is str or type(v) is int for v in normal.args) else normal.key()
         if identity not in seen:
             seen.add(identity)
             out.append(normal)
     violations.sort(key=lambda v: v["fact_index"])
     return out, violations
+
+
+def _fits(args: list[Any], shape: tuple[type, ...]) -> bool:
+    """``args`` has exactly the types of ``shape`` (ints within 53 bits); unrolled for the
+    common arities, as this runs once per fact."""
+    if len(shape) == 1:
+        value = args[0]
+        return type(value) is shape[0] and (shape[0] is str or -INT53_MAX <= value <= INT53_MAX)
+    for value, kind in zip(args, shape):
+        if type(value) is not kind or (kind is int and not -INT53_MAX <= value <= INT53_MAX):
+            return False
+    return True
+
+
+_SHAPES: dict[tuple[int, bool], tuple[Any, dict[str, tuple[type, ...]]]] = {}
+
+
+def _fast_shapes_of(profile: FactsProfile | None, declared: Mapping[str, PredicateSchema],
+                    reserved_ok: bool) -> dict[str, tuple[type, ...]]:
+    """`_fast_shapes` of ``profile``, computed once per profile object (a server validates
+    every request against the same one). The entry holds the profile, so its id stays its own."""
+    if profile is None:
+        return _fast_shapes(declared, reserved_ok)
+    key = (id(profile), reserved_ok)
+    entry = _SHAPES.get(key)
+    if entry is None or entry[0] is not profile:
+        if len(_SHAPES) >= 64:
+            _SHAPES.clear()
+        entry = _SHAPES[key] = (profile, _fast_shapes(declared, reserved_ok))
+    return entry[1]
+
+
+def _fast_shapes(declared: Mapping[str, PredicateSchema], reserved_ok: bool) -> dict[str, tuple[type, ...]]:
+    """Predicate -> the Python type of each argument, for the declared non-temporal predicates
+    a client may send whose arguments are all ``string`` or ``number`` (numbers as ints on the
+    fast path) and whose name passes the syntax checks; the other predicates take the full path."""
+    shapes: dict[str, tuple[type, ...]] = {}
+    for name, schema in declared.items():
+        if (schema.direction == "output" or schema.temporal or not PRED_RE.match(name)
+                or len(name) > PRED_MAX_LEN or (name.startswith(RESERVED_PREFIX) and not reserved_ok)):
+            continue
+        types = list(schema.arg_types or [])
+        if len(types) != schema.arity or any(t not in ("string", "number") for t in types):
+            continue
+        shapes[name] = tuple(str if t == "string" else int for t in types)
+    return shapes
 
 
 def _interval(t: Any, formats: Iterable[str]) -> tuple[int | str, int | str]:

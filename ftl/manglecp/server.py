@@ -20,6 +20,7 @@ gate kind, rendered from that kind's registry row). When ``check`` returns an ob
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -33,7 +34,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Protocol
 
-import jsonschema
 from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
@@ -674,14 +674,14 @@ class ManglecpServer:
         self._lock = threading.Lock()
         self._confirm = ConfirmationTokens(secret or os.urandom(32), self.limits.confirmation_ttl_s,
                                            self.clock)
-        self._validators = {name: jsonschema.Draft202012Validator(dict(tool.input_schema))
-                            for name, tool in self.catalog.items()}
+        self._validators: dict[str, Any] = {}  # tool name -> schema validator, built on first invoke
         self.skills = dict(skills or {})
         self.gate = gate
         self.on_error = on_error
         self.facts_profile = self._facts_profile()
         self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
         self._intent_names = {str(i.get("name")) for i in self.info.intents}
+        self._manifest_cache: dict[str, dict[str, Any]] = {}
 
     # -- manifest and status -----------------------------------------------------------------
 
@@ -719,7 +719,17 @@ class ManglecpServer:
         return 1 if level >= 2 and self.level_gaps() else level
 
     def manifest_payload(self) -> dict[str, Any]:
-        """The manifest payload (spec 04 §3), validated against `Manifest`."""
+        """The manifest payload (spec 04 §3), validated against `Manifest`.
+
+        Built and validated once per status (the rest of it never changes after construction)
+        and handed out as a copy, since callers may add to it (the HTTP binding's extensions).
+        """
+        cached = self._manifest_cache.get(self._status)
+        if cached is None:
+            cached = self._manifest_cache[self._status] = self._build_manifest_payload()
+        return copy.deepcopy(cached)
+
+    def _build_manifest_payload(self) -> dict[str, Any]:
         limits = {"max_message_bytes": self.limits.max_message_bytes,
                   "max_facts_per_request": self.limits.max_facts_per_request,
                   "max_derived_facts": self.limits.max_derived_facts}
@@ -949,6 +959,17 @@ class ManglecpServer:
             log.exception("gate decision for %s could not be rendered", tool.name)
             return None
 
+    def _validator(self, tool: ToolDefinition) -> Any:
+        """The JSON Schema (2020-12) validator of ``tool``'s input schema, built once. jsonschema
+        loads here, at the first invocation, not at server start (boot time, issue 11 item 2)."""
+        validator = self._validators.get(tool.name)
+        if validator is None:
+            import jsonschema
+
+            validator = jsonschema.Draft202012Validator(dict(tool.input_schema))
+            self._validators[tool.name] = validator
+        return validator
+
     # -- intent evaluation (spec 05) ---------------------------------------------------------
 
     def _evaluate(self, request_id: str | None, request: IntentRequest, principal: Principal,
@@ -1162,7 +1183,7 @@ class ManglecpServer:
         if not principal.permits(macro.bound.intent):
             raise ProtocolError("auth_insufficient", "This caller may not invoke the macro-tool.")
         tool = self.catalog[macro.tool]
-        errors = sorted(self._validators[tool.name].iter_errors(request.args),
+        errors = sorted(self._validator(tool).iter_errors(request.args),
                         key=lambda e: ("/" + "/".join(map(str, e.absolute_path)), str(e.validator)))
         if errors:
             schema_errors = [{"path": "/" + "/".join(map(str, e.absolute_path)),
@@ -1266,6 +1287,8 @@ class ManglecpServer:
                                 f"{tool.name} returned an invalid result (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id})
         if tool.output_schema is not None:
+            import jsonschema
+
             problems = list(jsonschema.Draft202012Validator(dict(tool.output_schema)).iter_errors(result))
             if problems:
                 log.error("tool %s result breaks its output schema (correlation id %s): %s",

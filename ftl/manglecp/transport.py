@@ -20,14 +20,15 @@ import subprocess
 import threading
 import urllib.parse
 from abc import ABC, abstractmethod
-from typing import Any, Callable, Mapping, Sequence
-
-import httpx
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ftl.errors import FtlError
 from ftl.executors.processes import parent_death_setup
 from ftl.manglecp.messages import PROTOCOL_VERSION, encode, envelope, make_error, to_ftl_error
 from ftl.manglecp.server import ManglecpServer, Session
+
+if TYPE_CHECKING:  # httpx (and the rich/pygments it pulls in) loads only for HttpTransport
+    import httpx
 
 log = logging.getLogger("ftl.manglecp.transport")
 
@@ -116,7 +117,8 @@ class InProcessTransport(Transport):
     """Calls a `ManglecpServer` in this process (one session per transport).
 
     The request runs in the calling thread (so tool subprocesses are started from a long-lived
-    thread); a cancel is delivered by a small watcher thread.
+    thread); a cancel is delivered by a small watcher thread, which ends by itself within
+    50 ms of the reply (the request never waits for it: that wait cost up to 50 ms per call).
     """
 
     supports_progress = True
@@ -126,9 +128,16 @@ class InProcessTransport(Transport):
         self.server = server
         self.session = Session(key=f"inproc-{id(self):x}")
         self._close_server = close_server
+        self._manifest: dict[str, Any] | None = None
+        self._manifest_status: str | None = None
 
     def manifest(self, *, refresh: bool = False, timeout_s: float = 60.0) -> dict[str, Any]:
-        return self.server.manifest()
+        """The server's manifest; the same object while its status is unchanged (the client
+        parses a manifest once per object)."""
+        status = self.server.status
+        if self._manifest is None or self._manifest_status != status:
+            self._manifest, self._manifest_status = self.server.manifest(), status
+        return self._manifest
 
     def request(self, message: Mapping[str, Any], *, on_message: OnMessage | None = None,
                 cancel: threading.Event | None = None, timeout_s: float | None = None) -> dict[str, Any]:
@@ -139,7 +148,8 @@ class InProcessTransport(Transport):
             def watch() -> None:
                 while not done.is_set():
                     if cancel.wait(_POLL_S):
-                        self.server.handle(cancel_message(request_id), session=self.session)
+                        if not done.is_set():
+                            self.server.handle(cancel_message(request_id), session=self.session)
                         return
             watcher = threading.Thread(target=watch, name="manglecp-cancel", daemon=True)
             watcher.start()
@@ -148,8 +158,6 @@ class InProcessTransport(Transport):
             replies = self.server.handle(dict(message), session=self.session, emit=emit)
         finally:
             done.set()
-        if watcher is not None:
-            watcher.join()
         if not replies:
             raise _network_error("the server sent no reply")
         return replies[-1]
@@ -377,6 +385,9 @@ class HttpTransport(Transport):
             headers["Authorization"] = f"Bearer {token}"
         self._headers = headers
         self._timeout_s = timeout_s
+        import httpx
+
+        self._httpx = httpx
         self._client = client or httpx.Client(timeout=timeout_s)
         self._own_client = client is None
         self._manifest: dict[str, Any] | None = None
@@ -385,7 +396,7 @@ class HttpTransport(Transport):
     def _get_manifest(self) -> dict[str, Any]:
         try:
             response = self._client.get(self.manifest_url, headers=self._headers)
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             raise _network_error(f"GET manifest failed ({type(exc).__name__})") from None
         if response.status_code == 404:
             raise _network_error(f"{self.base_url} does not serve a MangleCP manifest (404)")
@@ -427,9 +438,9 @@ class HttpTransport(Transport):
             response = client.post(url, content=encode(message),
                                    headers={**self._headers, "Content-Type": "application/json"},
                                    timeout=timeout_s if timeout_s is not None else self._timeout_s)
-        except httpx.TimeoutException:
+        except self._httpx.TimeoutException:
             raise _reply_timeout(timeout_s or self._timeout_s) from None
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             raise _network_error(f"POST failed ({type(exc).__name__})") from None
         return self._json(response)
 
@@ -442,7 +453,7 @@ class HttpTransport(Transport):
         if cancel is None:
             return self._post(url, message, self._client, timeout_s)
         # Cancellable: the POST runs on its own client in a helper thread; a cancel closes it.
-        client = httpx.Client(timeout=self._timeout_s)
+        client = self._httpx.Client(timeout=self._timeout_s)
         box: dict[str, Any] = {}
 
         def run() -> None:
@@ -473,7 +484,7 @@ class HttpTransport(Transport):
             self._client.post(urllib.parse.urljoin(self.manifest_url, path),
                               content=encode(cancel_message(request_id)),
                               headers={**self._headers, "Content-Type": "application/json"}, timeout=5.0)
-        except httpx.HTTPError as exc:
+        except self._httpx.HTTPError as exc:
             log.info("cancel of %s not delivered (%s)", request_id, type(exc).__name__)
 
     def close(self) -> None:

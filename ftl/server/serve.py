@@ -19,7 +19,6 @@ both need the bearer token when auth is on.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import importlib
@@ -162,6 +161,8 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
         disconnect_poll_s: how often a running request checks that its client is still
             connected, s.
     """
+    import asyncio
+
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
@@ -344,13 +345,16 @@ def _host_port(value: str) -> tuple[str, int]:
               help="Require `Authorization: Bearer <token>`, the token read from env var NAME.")
 @click.option("--cors-origin", "cors_origins", multiple=True, metavar="ORIGIN",
               help="Allowed browser origin when auth is on (repeatable; '*' is refused).")
+@click.option("--isolation", type=click.Choice(["thread", "process"]),
+              help="Where selection rules run: 'thread' (in the server process; default with --stdio) "
+                   "or 'process' (killable worker processes with a memory cap; default with --http).")
 @click.option("--rule-coverage", is_flag=True,
               help="Dev mode: answer `options[\"x-rule_coverage\"]` with diagnostics.rule_coverage.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]),
               default="warning", show_default=True, help="Log level (logs go to stderr).")
 def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path | None,
           config_json: str | None, token_env: str | None, cors_origins: tuple[str, ...],
-          rule_coverage: bool, log_level: str) -> None:
+          isolation: str | None, rule_coverage: bool, log_level: str) -> None:
     """Run ftl's embedded MangleCP server (protocol 2026-02-draft).
 
     stdio: prints the manifest as the first stdout line, then one JSON reply per line; logs go to
@@ -358,6 +362,13 @@ def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path 
     endpoints until SIGINT/SIGTERM, then finishes in-flight requests and exits (uvicorn
     re-raises the signal). Exit code 2: bad usage or configuration (including a [gates] table
     whose gate module is unavailable).
+
+    Isolation: the stdio server serves one client, the runner that started it, with ftl's own
+    stratified rules over at most ``max_facts_per_request`` facts, so it evaluates in a thread
+    of its own process: it is ready as soon as the rules are parsed (tens of ms) and no request
+    is pickled to a worker. An HTTP server faces network clients and keeps killable worker
+    processes with a memory cap (started at the first request). ``--stdio --isolation process``
+    announces ``booting`` until its first worker is up, then ``ready``.
     """
     from pydantic import ValidationError
 
@@ -382,9 +393,11 @@ def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path 
     except ValidationError as exc:
         raise click.UsageError(f"--config-json: {exc.error_count()} invalid field(s)") from None
     limits = replace(ServerLimits(), rule_coverage=True) if rule_coverage else None
+    isolation = isolation or ("process" if http_addr else "thread")
+    booting = isolation == "process" and not http_addr  # a worker to start before `ready`
     try:
-        server = build_server(repo, config, auth=auth, limits=limits,
-                              status="booting" if not http_addr else "ready")
+        server = build_server(repo, config, auth=auth, limits=limits, isolation=isolation,
+                              status="booting" if booting else "ready")
     except FtlError as exc:
         raise click.UsageError(exc.message) from None
     if http_addr:
@@ -397,7 +410,7 @@ def serve(use_stdio: bool, http_addr: str | None, repo: Path, config_path: Path 
         return
     with _protocol_stdout() as proto:
         try:
-            serve_stdio(server, sys.stdin.buffer, proto, warm=server.evaluator.warm)
+            serve_stdio(server, sys.stdin.buffer, proto, warm=server.evaluator.warm if booting else None)
         finally:
             server.close()
 

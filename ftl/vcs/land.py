@@ -140,7 +140,11 @@ def clean(repo: Path, campaign_ids: list[str], keep_worktrees_of: str | None = N
     git = Git(repo)
     owners: dict[str, str] = {}  # worktree folder -> the branch checked out there
     path: str | None = None
-    for line in git.out("worktree", "list", "--porcelain").splitlines():
+    try:
+        listing = git.out("worktree", "list", "--porcelain").splitlines()
+    except GitError:  # not a git work tree: there are no worktrees to clean
+        return {"removed": [], "kept_branches": []}
+    for line in listing:
         if line.startswith("worktree "):
             path = line[len("worktree "):]
         elif line.startswith("branch ") and path is not None:

@@ -7,6 +7,8 @@ import random
 import threading
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from ftl.manglecp.messages import NormalFact
 from ftl.manglecp.server import EvaluationInput, ServerLimits
@@ -148,3 +150,56 @@ def test_symbol_encoding_keeps_big_ints_and_floats_apart():
     assert str(to_symbol(7)) == "7"
     assert str(to_symbol(1.5)) == 'float("1.5")'
     assert str(to_symbol({"b": True, "a": [1]})) == 'map(kv("a",list(1)),kv("b",true))'
+
+
+_SEQS = st.sampled_from(["001", "002", "010", "999"])
+_FTL_FACTS = st.lists(st.one_of(
+    st.tuples(st.just("task"), st.tuples(_SEQS, st.sampled_from(["BUILD", "SPEC", "VERIFY"]))),
+    st.tuples(st.just("task_has_run"), st.tuples(_SEQS)),
+    st.tuples(st.just("blocked"), st.tuples(_SEQS)),
+    st.tuples(st.just("builder_requested"), st.tuples(_SEQS, st.sampled_from(["shell", "agent"]))),
+    st.tuples(st.just("framework"), st.tuples(st.text("abc", min_size=1, max_size=3))),
+    st.tuples(st.just("explorer_mode"), st.tuples(st.sampled_from(["structure", "delta", "other"])))),
+    max_size=12, unique=True)
+
+
+@pytest.fixture(scope="module")
+def ftl_program(tmp_path_factory):
+    from ftl.config import Config
+    from ftl.server.app import build_server
+
+    server = build_server(tmp_path_factory.mktemp("eval"), Config(agent_command=["a"]), isolation="thread")
+    yield server.evaluator._program
+    server.close()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(facts=_FTL_FACTS, intent_name=st.sampled_from(["build_task", "verify_task", "explore_codebase",
+                                                      "analyze_cascade"]),
+       hidden=st.sampled_from([[], ["shell_builder"]]), limit=st.sampled_from([100_000, 3]))
+def test_counted_path_answers_like_the_atom_by_atom_path(ftl_program, facts, intent_name, hidden, limit):
+    # the fast path counts derived atoms instead of looking each one up; both must agree exactly
+    request = {"intent": intent_name, "params": {}, "facts": [(p, a, None) for p, a in facts],
+               "eval_time_ms": 0, "max_facts_created": limit, "hidden": hidden}
+    counted = ftl_program.run(request)
+    ftl_program._reserved_heads = True  # forces the full loop
+    try:
+        full = ftl_program.run(request)
+    finally:
+        ftl_program._reserved_heads = False
+    assert counted == full
+
+
+def test_plain_facts_take_the_counted_path_and_temporal_ones_do_not(ftl_program, monkeypatch):
+    taken = []
+    counted = ftl_program._run_counted
+    monkeypatch.setattr(ftl_program, "_run_counted", lambda *a: taken.append(1) or counted(*a))
+    request = {"intent": "build_task", "params": {}, "eval_time_ms": 0, "max_facts_created": 100_000,
+               "facts": [("task", ("001", "BUILD"), None), ("task_has_run", ("001",), None)]}
+    assert ftl_program.run(request)["ok"]["selections"][0][0] == "shell_builder"
+    assert taken == [1]
+    ftl_program.run({**request, "facts": [("task", ("001", "BUILD"), (0, 1000))]})
+    ftl_program.run({**request, "explain": True})
+    for odd in ([("framework", ({"a": [1]},), None)], [("framework", (True,), None)], [("task", (1.5, "x"), None)]):
+        assert "ok" in ftl_program.run({**request, "facts": odd})  # nested, bool, float: full path
+    assert taken == [1]

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ftl.manglecp.messages import INT53_MAX, FactsProfile, encode, validate_facts
 from ftl.manglecp.server import ServerLimits
 
@@ -118,3 +121,28 @@ def test_non_bmp_strings_are_accepted_as_utf8():
     reply = final(server.handle(raw))
     assert reply["type"] == "intent_response"
     assert not encode(reply).startswith(b"\xef\xbb\xbf")
+
+
+_VALUES = st.one_of(st.text(max_size=3), st.integers(min_value=-2**60, max_value=2**60), st.booleans(),
+                    st.floats(allow_nan=False), st.none(), st.lists(st.integers(), max_size=2))
+_NAMES = st.sampled_from([p.predicate for p in FIXTURE_PREDICATES] + ["unknown", "Bad", "_manglecp_x"])
+_FACT = st.one_of(
+    st.fixed_dictionaries({"pred": _NAMES, "args": st.lists(_VALUES, max_size=3)}),
+    st.fixed_dictionaries({"pred": _NAMES, "args": st.lists(_VALUES, max_size=3), "t": st.just({"at": "now"})}),
+    st.fixed_dictionaries({"pred": _NAMES}), _VALUES)
+
+
+@settings(max_examples=300, deadline=None)
+@given(facts=st.lists(_FACT, max_size=8).map(lambda fs: fs + fs[:2]))  # with duplicates
+def test_fast_path_validates_like_the_full_checks(facts):
+    import ftl.manglecp.messages as messages
+
+    fast = validate_facts(facts, PROFILE)
+    saved = messages._fast_shapes_of
+    messages._fast_shapes_of = lambda profile, declared, reserved_ok: {}
+    try:
+        full = validate_facts(facts, PROFILE)
+    finally:
+        messages._fast_shapes_of = saved
+    assert fast == full
+    assert [f.key() for f in fast[0]] == [f.key() for f in full[0]]

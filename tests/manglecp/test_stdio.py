@@ -155,3 +155,26 @@ def test_a_server_without_manifest_gives_network_error():
     with pytest.raises(FtlError) as exc:
         StdioTransport([sys.executable, "-c", "print('not a manifest')"], manifest_timeout_s=10)
     assert exc.value.error_type == "network_error"
+
+
+@pytest.mark.parametrize("isolation, statuses", [(None, ["ready"]), ("process", ["booting", "ready"])])
+def test_boot_manifests_by_isolation(tmp_path: Path, isolation, statuses):
+    # default (thread): the rules are parsed before the first line, so the server starts ready;
+    # with worker processes it announces booting until the first worker is up (spec 02 §5.3)
+    extra = ["--isolation", isolation] if isolation else []
+    process = subprocess.Popen(SERVE + ["--repo", str(tmp_path)] + extra, stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        seen = _read_until(process.stdout, lambda m: m["payload"]["status"] == "ready")
+        assert [m["payload"]["status"] for m in seen] == statuses
+        process.stdin.write(json.dumps(envelope("intent_request", "i-1", {
+            "intent": {"name": "verify_task"}})).encode() + b"\n")
+        process.stdin.flush()
+        reply = _read_until(process.stdout, lambda m: m.get("id") == "i-1")[-1]
+        assert [t["name"] for t in reply["payload"]["macro_tools"]] == ["run_verify"]
+        process.stdin.close()
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.stdout.close()

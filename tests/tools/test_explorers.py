@@ -196,7 +196,8 @@ def test_memory_ranks_by_objective_overlap_and_finds_similar_campaigns(tmp_path,
         store.create_campaign("Unrelated styling work")
     result = explore(explore_memory, tmp_path, ctx_for, objective="Fix login token refresh")
     assert [f["name"] for f in result["failures"]] == ["auth-token-expiry"]
-    assert result["failures"][0]["_relevance"] == pytest.approx(2 / 3, abs=1e-3)
+    # bm25 relevance: best failure match x share of the objective's words it matches (login, token)
+    assert result["failures"][0]["_relevance"] == pytest.approx(2 / 4, abs=1e-3)
     assert [p["name"] for p in result["patterns"]] == ["login-form"]
     assert result["total_in_memory"] == {"failures": 2, "patterns": 1}
     assert [c["objective"] for c in result["similar_campaigns"]] == ["Add login with token refresh"]

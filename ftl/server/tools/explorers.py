@@ -681,7 +681,6 @@ def explore_pattern(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
 
 MEMORY_MAX_FAILURES = 10  # FTL explorer contract: memory context --max-failures 10
 MEMORY_MAX_PATTERNS = 5   # ... --max-patterns 5
-MEMORY_SCAN_LIMIT = 1000  # entries read per type before ranking
 RELEVANCE_FLOOR = 0.25    # FTL relevance tiers: below 0.25 an entry is not injected
 
 
@@ -691,33 +690,6 @@ def relevance(objective_terms: list[str], text: str) -> float:
         return 0.0
     terms = set(keywords(text))
     return sum(1 for term in objective_terms if term in terms) / len(objective_terms)
-
-
-def _rank_memory(entries: list[dict[str, Any]], terms: list[str], limit: int,
-                 text_keys: tuple[str, ...]) -> list[dict[str, Any]]:
-    """Entries with ``_relevance`` and ``_score`` added, best first, at most ``limit``.
-
-    With an objective, entries under `RELEVANCE_FLOOR` are dropped, except that the single best
-    one is kept when none passes (FTL keeps at least one fallback). Without one, entries keep the
-    store's order with relevance 0.
-    """
-    if not terms:
-        return [{**entry, "_relevance": 0.0, "_score": 0.0} for entry in entries[:limit]]
-    ranked = []
-    for position, entry in enumerate(entries):
-        text = " ".join(str(entry.get(k) or "") for k in text_keys)
-        rel = relevance(terms, text)
-        helped = entry.get("times_helped") or 0
-        failed = entry.get("times_failed") or 0
-        # Feedback nudges the order among equally relevant entries (FTL importance).
-        score = rel + 0.05 * (helped - failed) / (1 + helped + failed)
-        ranked.append((-score, position, {**entry, "_relevance": round(rel, 3), "_score": round(score, 3)}))
-    ranked.sort(key=lambda item: (item[0], item[1]))
-    items = [item for _, _, item in ranked]
-    kept = [item for item in items if item["_relevance"] >= RELEVANCE_FLOOR]
-    if not kept and items and items[0]["_relevance"] > 0:
-        kept = items[:1]
-    return kept[:limit]
 
 
 SIMILARITY_FLOOR = 0.5    # FTL find-similar --threshold 0.5
@@ -754,19 +726,20 @@ def _similar_campaigns(campaigns: list[dict[str, Any]], patterns: list[dict[str,
 def explore_memory(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
     """Prior failures, success patterns and similar campaigns (FTL memory explorer).
 
-    Reads the store (``ftl.store.Store(ctx.store_path)``: ``memory(type=...)`` and
-    ``list_campaigns()``) and ranks by keyword overlap with the objective (`relevance`): entries
-    under 0.25 are left out (FTL relevance tiers) except the single best one; campaigns need 0.5
-    (FTL find-similar). When the store module or the database file does not exist yet, the
-    result is ``ok`` with empty lists: a first campaign has no memory, which is not an error. The
-    database is never created here.
+    Reads the store's memory (`ftl.memory.MemoryStore.context`: FTS5 bm25 relevance to the
+    objective blended with importance, feedback and age decay, FTL's ranking) without counting
+    the reads as injections, and ``list_campaigns()``. Entries under relevance 0.25 are left out
+    (FTL relevance tiers) except the single most valuable one; campaigns need a 0.5 keyword
+    overlap (FTL find-similar). When the store module or the database file does not exist yet,
+    the result is ``ok`` with empty lists: a first campaign has no memory, which is not an
+    error. The database is never created here.
 
     Returns:
-        ``{mode: "memory", status, failures: [{name, trigger, fix, source, occurrences, ...,
-        _relevance, _score}], patterns: [{name, trigger, insight, ..., _relevance, _score}],
-        similar_campaigns: [{campaign_id, objective, similarity, outcome: complete | partial |
-        blocked, patterns_from: [name]}], total_in_memory: {failures, patterns}}``; at most 10
-        failures, 5 patterns and 3 campaigns (FTL explorer contract).
+        ``{mode: "memory", status, failures: [{name, trigger, fix, cost, importance,
+        times_helped, ..., _relevance, _score}], patterns: [{name, trigger, insight, saved, ...,
+        _relevance, _score}], similar_campaigns: [{campaign_id, objective, similarity, outcome:
+        complete | partial | blocked, patterns_from: [name]}], total_in_memory: {failures,
+        patterns}}``; at most 10 failures, 5 patterns and 3 campaigns (FTL explorer contract).
     """
     def body(limits: _Limits) -> dict[str, Any]:
         empty = {"failures": [], "patterns": [], "similar_campaigns": [],
@@ -778,19 +751,24 @@ def explore_memory(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
         except ImportError:
             return empty
         with Store(ctx.store_path) as store:
-            failures = store.memory(type="failure", limit=MEMORY_SCAN_LIMIT)
+            memory = store.memory_store()
+            counts = {k: v["count"] for k, v in memory.stats().items()}
+            found = memory.context(objective=args.objective or None, max_failures=MEMORY_MAX_FAILURES,
+                                   max_patterns=MEMORY_MAX_PATTERNS, relevance_threshold=RELEVANCE_FLOOR,
+                                   track_access=False)
             if limits.stop():
-                return {**empty, "total_in_memory": {"failures": len(failures), "patterns": 0}}
-            patterns = store.memory(type="pattern", limit=MEMORY_SCAN_LIMIT)
-            campaigns = [] if limits.stop() else store.list_campaigns()
-        terms = keywords(args.objective)
+                return {**empty, "total_in_memory": counts}
+            patterns = memory.entries("pattern")
+            campaigns = store.list_campaigns()
+        if not args.objective:
+            for entry in found["failures"] + found["patterns"]:
+                entry.setdefault("_relevance", 0.0)
+                entry.setdefault("_score", 0.0)
         return {
-            "failures": _rank_memory(failures, terms, MEMORY_MAX_FAILURES,
-                                     ("name", "trigger", "fix", "match")),
-            "patterns": _rank_memory(patterns, terms, MEMORY_MAX_PATTERNS,
-                                     ("name", "trigger", "insight")),
-            "similar_campaigns": _similar_campaigns(campaigns, patterns, terms, args.campaign_id),
-            "total_in_memory": {"failures": len(failures), "patterns": len(patterns)},
+            "failures": found["failures"], "patterns": found["patterns"],
+            "similar_campaigns": _similar_campaigns(campaigns, patterns, keywords(args.objective),
+                                                    args.campaign_id),
+            "total_in_memory": counts,
         }
 
     return _guarded("memory", args, ctx, body)

@@ -3,9 +3,13 @@
 OBSERVE calls it once per campaign. It reads the campaign's task rows and workspace attempts from
 the store, extracts failure patterns from blocked attempts and success patterns from completed
 tasks, and writes them with ``Store.add_memory`` (which merges an entry seen before by its
-``(name, type)``). Rules after FTL observer.py analyze (``shared/reference/ftl-behaviour.md`` §7),
-limited to this campaign (FTL scanned every campaign's workspaces) and without FTL's re-run of
-verify commands to confirm blocks: the runner already ran verify itself before blocking.
+``(name, type)``). Then it closes FTL's learning loop: for every completed attempt whose builder
+reported ``utilized`` memory entries, each entry injected into that attempt's prior knowledge
+counts as helped (utilized) or not (`ftl.memory.MemoryStore.feedback_batch`, once per attempt),
+which moves its importance. Rules after FTL observer.py analyze
+(``shared/reference/ftl-behaviour.md`` §7), limited to this campaign (FTL scanned every
+campaign's workspaces) and without FTL's re-run of verify commands to confirm blocks: the
+runner already ran verify itself before blocking.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from ftl.errors import FtlError
 from ftl.server.tools.context import ToolContext
 
 __all__ = ["ObserveArgs", "observer", "extract_failures", "extract_patterns", "failure_name",
-           "score_pattern", "MIN_PATTERN_SCORE"]
+           "score_pattern", "MIN_PATTERN_SCORE", "record_feedback", "utilized_of", "injected_of"]
 
 MIN_PATTERN_SCORE = 3  # FTL MIN_PATTERN_SCORE
 SCORE_BLOCKED_THEN_FIXED = 3
@@ -28,6 +32,8 @@ SCORE_MULTI_FILE = 1
 _NAME_WORDS = 6
 _TEXT_LIMIT = 300
 _SKIPPED_ERRORS = frozenset({"cancelled"})  # a cancel teaches nothing about the task
+FAILURE_COST_PER_BUDGET = 1000  # FTL observer: a failure cost its budget x 1000 tokens
+PATTERN_SAVED_PER_BUDGET = 500  # FTL observer: a pattern saves its budget x 500 tokens
 
 
 class ObserveArgs(BaseModel):
@@ -89,6 +95,7 @@ def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
     blocked only by propagation (``blocked_by`` set) teach nothing new and are skipped.
     """
     slugs = {t["seq"]: t["slug"] for t in tasks}
+    budgets = {t["seq"]: _budget(t) for t in tasks}
     by_seq: dict[str, list[dict[str, Any]]] = {}
     for ws in workspaces:
         by_seq.setdefault(ws["seq"], []).append(ws)
@@ -99,8 +106,8 @@ def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
         entry = entries.setdefault(name, {
             "name": name, "type": "failure",
             "trigger": _first_line(reason) or f"task {seq} blocked",
-            "fix": fix, "source": [], "campaign_id": campaign_id, "seq": seq,
-            "error_type": error_type})
+            "fix": fix, "cost": budgets.get(seq, 5) * FAILURE_COST_PER_BUDGET, "source": [],
+            "campaign_id": campaign_id, "seq": seq, "error_type": error_type})
         if source not in entry["source"]:
             entry["source"].append(source)
         if fix and not entry["fix"]:
@@ -123,6 +130,12 @@ def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
             add(task["seq"], task.get("block_reason") or "", None,
                 f"{campaign_id}/{task['seq']}-{task['slug']}", "")
     return list(entries.values())
+
+
+def _budget(task: dict[str, Any]) -> int:
+    spec = task.get("spec") if isinstance(task.get("spec"), dict) else {}
+    budget = spec.get("budget")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0 else 5
 
 
 def score_pattern(task: dict[str, Any], attempts: list[dict[str, Any]]) -> tuple[int, dict[str, int]]:
@@ -177,7 +190,7 @@ def extract_patterns(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
             "name": f"{task['slug']}--{kind}", "type": "pattern",
             "trigger": f"{task['slug'].replace('-', ' ')}: "
                        f"{', '.join(files[:5]) or task.get('type', 'task')}",
-            "insight": insight[:_TEXT_LIMIT],
+            "insight": insight[:_TEXT_LIMIT], "saved": _budget(task) * PATTERN_SAVED_PER_BUDGET,
             "source": [_source(campaign_id, w) for w in attempts]
                       or [f"{campaign_id}/{task['seq']}-{task['slug']}"],
             "campaign_id": campaign_id, "seq": task["seq"], "score": score, "breakdown": breakdown})
@@ -195,14 +208,57 @@ def _store_entry(store: Any, entry: dict[str, Any], known: dict[tuple[str, str],
     return "added" if existing is None else "merged"
 
 
+def utilized_of(workspace: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``{name, type}`` memory entries the builder of a workspace attempt said it used."""
+    result = workspace.get("result") if isinstance(workspace.get("result"), dict) else {}
+    build = result.get("build") if isinstance(result.get("build"), dict) else {}
+    items = result.get("utilized") or build.get("utilized") or []
+    return [i for i in items if isinstance(i, dict) and isinstance(i.get("name"), str)
+            and i.get("type", "failure") in ("failure", "pattern")]
+
+
+def injected_of(workspace: dict[str, Any]) -> list[dict[str, str]]:
+    """The ``{name, type}`` memory entries injected into a workspace attempt's prior knowledge
+    (failures, patterns and sibling failures, each once; FTL get-injected)."""
+    spec = workspace.get("spec") if isinstance(workspace.get("spec"), dict) else {}
+    prior = spec.get("prior_knowledge") if isinstance(spec.get("prior_knowledge"), dict) else {}
+    seen: list[dict[str, str]] = []
+    for key, kind in (("failures", "failure"), ("patterns", "pattern"), ("sibling_failures", "failure")):
+        for entry in prior.get(key) or []:
+            item = {"name": entry.get("name"), "type": kind}
+            if isinstance(item["name"], str) and item not in seen:
+                seen.append(item)
+    return seen
+
+
+def record_feedback(store: Any, campaign_id: str, workspaces: list[dict[str, Any]]) -> dict[str, int]:
+    """Count the builders' ``utilized`` feedback of completed attempts into memory, once per
+    attempt (an OBSERVE re-run counts nothing twice). Returns ``{"helped": n, "not_helped": m}``."""
+    total = {"helped": 0, "not_helped": 0}
+    memory = store.memory_store()
+    for ws in workspaces:
+        if ws.get("status") != "complete":
+            continue
+        used, shown = utilized_of(ws), injected_of(ws)
+        if not used or not shown:
+            continue
+        used = [{"name": i["name"], "type": i.get("type", "failure")} for i in used]
+        counted = memory.feedback_batch(used, shown, once_key=_source(campaign_id, ws))
+        total["helped"] += counted["helped"]
+        total["not_helped"] += counted["not_helped"]
+    return total
+
+
 def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
     """Extract failure and success patterns of one campaign into memory (FTL OBSERVE).
 
     Returns:
         ``{"failures_extracted": [{name, trigger, result: added | merged | unchanged}],
         "patterns_extracted": [{name, score, breakdown, result}],
+        "feedback_recorded": {"helped": n, "not_helped": m}, "relationships_added": k (co_occurs
+        links between this campaign's failures, FTL's rule),
         "workspaces": {"complete": n, "blocked": m, <other status>: k}}`` (counts of workspace
-        attempts by status).
+        attempts by status; feedback counted by `record_feedback`).
 
     Raises:
         FtlError(not_found): no store yet, or no such campaign.
@@ -221,8 +277,14 @@ def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
                          "result": _store_entry(store, f, known)} for f in failures]
         patterns_out = [{"name": p["name"], "score": p["score"], "breakdown": p["breakdown"],
                          "result": _store_entry(store, p, known)} for p in patterns]
+        feedback = record_feedback(store, args.campaign_id, workspaces)
+        # FTL links the failures of one campaign to each other (co_occurs, both ways).
+        names = [f["name"] for f in failures]
+        memory = store.memory_store()
+        linked = sum(memory.add_relationship(a, b, "failure", "co_occurs") == "added"
+                     for i, a in enumerate(names) for b in names[i + 1:])
     counts: dict[str, int] = {"complete": 0, "blocked": 0}
     for ws in workspaces:
         counts[ws["status"]] = counts.get(ws["status"], 0) + 1
     return {"failures_extracted": failures_out, "patterns_extracted": patterns_out,
-            "workspaces": counts}
+            "feedback_recorded": feedback, "relationships_added": linked, "workspaces": counts}

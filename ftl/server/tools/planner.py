@@ -18,7 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ftl.server.tools.context import ToolContext
 from ftl.server.tools.proc import run_command
-from ftl.validation import parse_plan
 
 __all__ = ["LoadPlanArgs", "AgentPlannerArgs", "load_plan", "agent_planner",
            "parse_planner_output", "DECISIONS"]
@@ -54,6 +53,8 @@ def load_plan(args: LoadPlanArgs, ctx: ToolContext) -> dict[str, Any]:
         FtlError(schema_invalid | cycle_detected): from `ftl.validation.parse_plan`, with every
             violation and its JSON path.
     """
+    from ftl.validation import parse_plan  # at the first plan: not part of the server's boot
+
     plan = parse_plan(args.plan, source="plan argument")
     return {"decision": "PROCEED", "plan": plan.model_dump(mode="json", by_alias=True)}
 

@@ -1,0 +1,191 @@
+"""Benchmark: the runner's own cost per task, and its schedule on a DAG of short sleep tasks.
+
+Two measurements on real campaigns (`ftl.runner.Runner`, the real store, event log, tool server
+and shell builder), each in a fresh git repository under a temporary directory:
+
+* ``overhead``: a chain of ``--tasks`` tasks (jobs 1) whose run and verify commands are ``true``.
+  Per task: its ``TASK_END.duration_ms`` (the attempt, from the worker's start to its end), and
+  the EXECUTE span divided by the number of tasks (everything the runner does per task: the
+  store transitions, events, workspace, two intent evaluations and two invocations). The
+  baseline, measured in the same run, is what the two commands cost on their own: two
+  ``sh -c true`` started with `subprocess.run`. Overhead = per-task time - baseline. Over the
+  embedded stdio server (the default) and in process (``connect_in_process``).
+* ``dag``: the 18-task DAG of issue 11 (sleeps of 0.3-3 s, seeded, jobs 3): the EXECUTE span
+  (first ``TASK_START`` to last ``TASK_END``) against the lower bound max(critical path,
+  total work / jobs); efficiency = bound / span (1.0 at best).
+
+Usage: python bench/bench_overhead.py [--tasks 30] [--transport stdio,inproc] [--dag] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from ftl.config import Config  # noqa: E402
+from ftl.events import read_events  # noqa: E402
+from ftl.runner import Runner, connect, connect_in_process  # noqa: E402
+
+DAG_SEED = 11
+DAG_TASKS = 18
+DAG_JOBS = 3
+
+
+def git_repo(path: Path) -> Path:
+    """An empty git repository with one commit (the builder compares against it)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / ".gitignore").write_text(".ftl/\n")
+    for argv in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "init"]):
+        subprocess.run(["git", "-c", "user.name=bench", "-c", "user.email=bench@localhost", *argv],
+                       cwd=path, check=True)
+    return path
+
+
+def _task(seq: int, run: str, depends: list[int], budget: int = 1) -> dict[str, Any]:
+    return {"seq": f"{seq:03d}", "slug": f"task-{seq}", "type": "BUILD", "delta": [], "run": run,
+            "verify": "true", "budget": budget, "timeout_s": 120,
+            "depends": [f"{d:03d}" for d in depends] or "none"}
+
+
+def _stamp(event: dict[str, Any]) -> float:
+    return datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+
+
+def run_campaign(plan: dict[str, Any], *, jobs: int, in_process: bool,
+                 isolation: str = "auto") -> list[dict[str, Any]]:
+    """Run ``plan`` to its end in a fresh repository (``isolation``: the config's task
+    isolation, ``auto`` = a git worktree per task); return its events."""
+    with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
+        repo = git_repo(Path(tmp) / "repo")
+        factory = connect_in_process if in_process else connect
+        with Runner(repo, Config(jobs=jobs, isolation=isolation), client_factory=factory) as runner:
+            result = runner.start(plan["objective"], plan_input=plan)
+        if result.exit_code != 0:
+            raise SystemExit(f"benchmark campaign ended with exit code {result.exit_code}: {result.summary}")
+        return list(read_events(result.log_path))
+
+
+def execute_span_s(events: list[dict[str, Any]]) -> float:
+    """Seconds from the first ``TASK_START`` to the last ``TASK_END``."""
+    starts = [_stamp(e) for e in events if e["event"] == "TASK_START"]
+    ends = [_stamp(e) for e in events if e["event"] == "TASK_END"]
+    return max(ends) - min(starts)
+
+
+def command_baseline_ms(repeat: int = 20) -> float:
+    """Median cost (ms) of the two trivial commands of a task, run on their own."""
+    samples = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        subprocess.run(["sh", "-c", "true"], check=True)
+        subprocess.run(["sh", "-c", "true"], check=True)
+        samples.append((time.perf_counter() - started) * 1000)
+    return statistics.median(samples)
+
+
+def overhead(tasks: int, in_process: bool, isolation: str = "auto") -> dict[str, Any]:
+    """Per-task cost (ms) of a chain of trivial tasks; see the module doc."""
+    plan = {"objective": "overhead benchmark",
+            "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
+    events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
+    durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
+    baseline = command_baseline_ms()
+    span_ms = execute_span_s(events) * 1000 / tasks
+    median = statistics.median(durations)
+    return {"transport": "in-process" if in_process else "stdio", "isolation": isolation, "tasks": tasks,
+            "task_ms": round(median, 1), "span_per_task_ms": round(span_ms, 1),
+            "commands_ms": round(baseline, 1), "overhead_ms": round(median - baseline, 1),
+            "span_overhead_ms": round(span_ms - baseline, 1)}
+
+
+def dag_plan(seed: int = DAG_SEED, tasks: int = DAG_TASKS) -> tuple[dict[str, Any], dict[str, float]]:
+    """The seeded DAG of sleep tasks (0.3-3 s; each depends on up to 2 earlier tasks)."""
+    rng = random.Random(seed)
+    durations: dict[str, float] = {}
+    items = []
+    for i in range(1, tasks + 1):
+        seconds = round(rng.uniform(0.3, 3.0), 2)
+        depends = sorted(rng.sample(range(1, i), k=min(i - 1, rng.choice((0, 1, 1, 2))))) if i > 1 else []
+        durations[f"{i:03d}"] = seconds
+        # a planner's budget grows with the work: 1-3 here, the runner's only duration estimate
+        items.append(_task(i, f"sleep {seconds}", depends, budget=max(1, round(seconds))))
+    return {"objective": "scheduler benchmark", "tasks": items}, durations
+
+
+def lower_bound_s(plan: dict[str, Any], durations: dict[str, float], jobs: int) -> float:
+    """max(critical path, total work / jobs), s."""
+    finish: dict[str, float] = {}
+    for task in plan["tasks"]:  # seq order is a topological order here
+        deps = task["depends"] if isinstance(task["depends"], list) else []
+        finish[task["seq"]] = durations[task["seq"]] + max((finish[d] for d in deps), default=0.0)
+    return max(max(finish.values()), sum(durations.values()) / jobs)
+
+
+def simulate(plan: dict[str, Any], durations: dict[str, float], jobs: int) -> float:
+    """Span (s) of the runner's schedule with zero overhead: list scheduling with the
+    priority the runner gives the scheduler (`ftl.scheduler.critical_path_priority` over the
+    budgets, ties by seq). ``bound / sim`` is what the start order allows; ``sim / span`` is
+    what the runner's own work costs."""
+    from ftl.scheduler import critical_path_priority
+
+    deps = {t["seq"]: (t["depends"] if isinstance(t["depends"], list) else []) for t in plan["tasks"]}
+    priority = critical_path_priority(deps, {t["seq"]: float(t["budget"]) for t in plan["tasks"]})
+    done_at: dict[str, float] = {}
+    running: list[tuple[float, str]] = []
+    now = 0.0
+    pending = set(deps)
+    while pending or running:
+        ready = sorted((s for s in pending if all(d in done_at and done_at[d] <= now for d in deps[s])),
+                       key=lambda s: (priority(s), int(s)))
+        for seq in ready[:jobs - len(running)]:
+            pending.discard(seq)
+            running.append((now + durations[seq], seq))
+        running.sort()
+        now, seq = running.pop(0)
+        done_at[seq] = now
+    return now
+
+
+def dag_efficiency(in_process: bool = False) -> dict[str, Any]:
+    """The 18-task DAG through a real campaign (jobs 3): span, bound and efficiency."""
+    plan, durations = dag_plan()
+    events = run_campaign(plan, jobs=DAG_JOBS, in_process=in_process)
+    span = execute_span_s(events)
+    bound = lower_bound_s(plan, durations, DAG_JOBS)
+    sim = simulate(plan, durations, DAG_JOBS)
+    return {"transport": "in-process" if in_process else "stdio", "tasks": DAG_TASKS, "jobs": DAG_JOBS,
+            "span_s": round(span, 3), "bound_s": round(bound, 3), "sim_s": round(sim, 3),
+            "efficiency": round(bound / span, 3), "order_efficiency": round(bound / sim, 3)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=30, help="Tasks in the overhead chain.")
+    parser.add_argument("--transport", default="stdio,inproc", help="stdio and/or inproc, comma-separated.")
+    parser.add_argument("--dag", action="store_true", help="Also run the 18-task DAG (about 15 s).")
+    parser.add_argument("--json", action="store_true", help="Print JSON.")
+    options = parser.parse_args()
+    rows: list[dict[str, Any]] = [overhead(options.tasks, name == "inproc")
+                                  for name in options.transport.split(",") if name]
+    if options.dag:
+        rows.append(dag_efficiency())
+    if options.json:
+        print(json.dumps(rows, indent=2))
+        return
+    for row in rows:
+        print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()

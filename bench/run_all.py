@@ -1,0 +1,308 @@
+"""One command for the figures of issue 11 ("fast where users wait"), each against a baseline
+measured in the same run, with its target and OK / MISSED.
+
+Figures (see bench/README.md for what each one means):
+
+1. cold start: ``ftl --help``, ``ftl campaign status`` and ``python lib/campaign.py status``
+   against a bare ``python -c pass`` (target <= 3x);
+2. server boot: spawn of the embedded stdio server to its ``ready`` manifest (target <= 300 ms;
+   the ratio column is against the bare start);
+3. evaluation: ``intent_request`` with 10,000 facts through the embedded server in process,
+   against clingo alone on the same program and facts (target <= 1.5x); over stdio for reference;
+4. big plans: ``python lib/campaign.py ready-tasks`` / ``cascade-status`` on a 10,000-task plan,
+   wall time and peak RSS (target <= 40 MiB; >= 3x faster than FTL's campaign.py when
+   ``FTL_CAMPAIGN_PY`` names a local checkout of it, run by ``FTL_PYTHON``, an interpreter with
+   FTL's dependency fastsql: FTL is not fetched here);
+5. per-task overhead of the runner with trivial run/verify commands, over stdio (<= 15 ms) and
+   in process (<= 5 ms), against the two commands alone;
+6. scheduler efficiency on the 18-task DAG of sleep tasks (0.3-3 s, jobs 3), against the
+   lower bound max(critical path, work / jobs) (target >= 0.97).
+
+Every subprocess runs with bytecode caching on (``PYTHONDONTWRITEBYTECODE`` removed, after a
+warm-up run), as an installed ftl would. Medians; the whole run takes about 1-2 minutes.
+
+Usage: python bench/run_all.py [--json] [--skip dag,overhead,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+PY = sys.executable
+FTL_BIN = str(Path(PY).with_name("ftl"))
+LIB_CAMPAIGN = str(ROOT / "lib" / "campaign.py")
+MIB = 1024 * 1024
+
+
+def bench_env() -> dict[str, str]:
+    """Our environment with bytecode caching on (as an installed ftl has)."""
+    env = dict(os.environ)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def run_measured(argv: list[str], *, cwd: Path, stdin: bytes | None = None) -> tuple[float, int, int]:
+    """Run ``argv``; return (wall s, peak RSS bytes, exit code). RSS from ``wait4`` of that child."""
+    started = time.perf_counter()
+    process = subprocess.Popen(argv, cwd=cwd, env=bench_env(), stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if stdin:
+        assert process.stdin is not None
+        process.stdin.write(stdin)
+        process.stdin.close()
+    _, status, usage = os.wait4(process.pid, 0)
+    elapsed = time.perf_counter() - started
+    process.returncode = os.waitstatus_to_exitcode(status)
+    return elapsed, usage.ru_maxrss * 1024, process.returncode
+
+
+def interleaved(commands: dict[str, list[str]], *, cwd: Path, rounds: int) -> dict[str, list[float]]:
+    """Wall times (s) of each command, run in turns (so load changes hit all of them alike),
+    after one untimed warm-up run each (writes the bytecode caches)."""
+    for argv in commands.values():
+        run_measured(argv, cwd=cwd)
+    samples: dict[str, list[float]] = {name: [] for name in commands}
+    for _ in range(rounds):
+        for name, argv in commands.items():
+            samples[name].append(run_measured(argv, cwd=cwd)[0])
+    return samples
+
+
+class Report:
+    """Rows of ``figure, value, baseline, ratio, target, ok``."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, figure: str, value: str, baseline: str, ratio: float | None, target: str,
+            ok: bool | None, **extra: Any) -> None:
+        self.rows.append({"figure": figure, "value": value, "baseline": baseline,
+                          "ratio": None if ratio is None else round(ratio, 2), "target": target,
+                          "status": "n/a" if ok is None else ("OK" if ok else "MISSED"), **extra})
+
+    def print(self) -> None:
+        widths = [44, 16, 18, 8, 22]
+        print(f"{'figure':<{widths[0]}} {'value':>{widths[1]}} {'baseline':>{widths[2]}} "
+              f"{'ratio':>{widths[3]}} {'target':<{widths[4]}} status")
+        for row in self.rows:
+            ratio = "" if row["ratio"] is None else f"{row['ratio']:.2f}"
+            print(f"{row['figure']:<{widths[0]}} {row['value']:>{widths[1]}} {row['baseline']:>{widths[2]}} "
+                  f"{ratio:>{widths[3]}} {row['target']:<{widths[4]}} {row['status']}")
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def cold_start(report: Report, rounds: int = 15) -> None:
+    from ftl.store import Store
+
+    with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
+        repo = Path(tmp)
+        with Store.for_repo(repo) as store:
+            store.create_campaign("cold start benchmark")
+        commands = {"bare": [PY, "-c", "pass"], "ftl --help": [FTL_BIN, "--help"],
+                    "ftl campaign status": [FTL_BIN, "campaign", "status"],
+                    "lib/campaign.py status": [PY, LIB_CAMPAIGN, "status"]}
+        samples = interleaved(commands, cwd=repo, rounds=rounds)
+    bare = statistics.median(samples.pop("bare"))
+    for name, times in samples.items():
+        value = statistics.median(times)
+        report.add(f"cold start: {name}", ms(value), f"python -c pass {ms(bare)}", value / bare,
+                   "<= 3.0x", value / bare <= 3.0)
+
+
+def server_boot(report: Report, rounds: int = 5) -> None:
+    from ftl.config import Config
+    from ftl.server.app import _server_env
+
+    env = {**_server_env(), **bench_env()}
+    with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
+        command = [PY, "-m", "ftl.server.serve", "--stdio", "--repo", tmp,
+                   "--config-json", Config().model_dump_json()]
+        bare, ready, cpu = [], [], []
+        for round_number in range(rounds + 1):
+            started = time.perf_counter()
+            subprocess.run([PY, "-c", "pass"], env=env, check=True)
+            bare_s = time.perf_counter() - started
+            started = time.perf_counter()
+            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.DEVNULL, env=env)
+            assert process.stdout is not None and process.stdin is not None
+            while True:
+                line = process.stdout.readline()
+                if not line:
+                    raise SystemExit("the server exited before it was ready")
+                message = json.loads(line)
+                if message.get("type") == "manifest" and message["payload"]["status"] != "booting":
+                    break
+            ready_s = time.perf_counter() - started
+            process.stdin.close()
+            _, _, usage = os.wait4(process.pid, 0)  # the server's CPU time, boot to clean exit
+            process.returncode = 0
+            process.stdout.close()
+            if round_number:  # the first round is the warm-up
+                bare.append(bare_s)
+                ready.append(ready_s)
+                cpu.append(usage.ru_utime + usage.ru_stime)
+    value, base = statistics.median(ready), statistics.median(bare)
+    report.add("server boot: spawn -> ready manifest", ms(value), f"python -c pass {ms(base)}",
+               value / base, "<= 300 ms", value <= 0.3, cpu_ms=round(statistics.median(cpu) * 1000, 1))
+    report.add("  server CPU time, boot to exit (load-independent)", ms(statistics.median(cpu)), "", None,
+               "(reference)", None)
+
+
+def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> None:
+    from bench_evaluation import EVAL_TIME_MS, INTENT, check, make_facts, percentile, request, timed
+
+    from ftl.config import Config
+    from ftl.manglecp.messages import validate_facts
+    from ftl.manglecp.transport import StdioTransport
+    from ftl.server.app import _server_env, build_server
+    from ftl.server.evaluator import _Program, fact_symbol
+
+    with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
+        config = Config()
+        server = build_server(Path(tmp), config, isolation="thread")  # what the embedded servers run
+        stdio = StdioTransport([PY, "-m", "ftl.server.serve", "--stdio", "--repo", tmp,
+                                "--config-json", config.model_dump_json()], env={**_server_env(), **bench_env()})
+        evaluator = server.evaluator
+        program = _Program(evaluator.rule_texts, evaluator.server_facts, evaluator.hidden_predicates)
+        try:
+            facts = make_facts(facts_count)
+            check(server.handle(request(facts, 0))[-1])
+            check(stdio.request(request(facts, 0)))
+            normal, _ = validate_facts(facts, server.facts_profile)
+            symbols = [fact_symbol("intent", [INTENT], None, 0)] + [
+                fact_symbol(f.pred, list(f.args), f.t, EVAL_TIME_MS) for f in normal] + program.server_facts
+            clingo_ms = timed(lambda i: program._models(program._ground(symbols, False)), repeat)
+            inproc_ms = timed(lambda i: check(server.handle(request(facts, i))[-1]), repeat)
+            stdio_ms = timed(lambda i: check(stdio.request(request(facts, i))), repeat)
+        finally:
+            stdio.close()
+            server.close()
+    base = percentile(clingo_ms, 50)
+    for name, samples, target in (("in process", inproc_ms, 1.5), ("stdio", stdio_ms, None)):
+        value = percentile(samples, 50)
+        report.add(f"evaluation {facts_count} facts: {name}", f"{value:.1f} ms", f"clingo {base:.1f} ms",
+                   value / base, f"<= {target}x" if target else "(reference)",
+                   None if target is None else value / base <= target)
+
+
+def big_plan(path: Path, tasks: int = 10_000) -> dict[str, Any]:
+    """A seeded plan of ``tasks`` tasks, each depending on up to two of the 50 before it."""
+    import random
+
+    rng = random.Random(4)
+    items = []
+    for i in range(1, tasks + 1):
+        window = range(max(1, i - 50), i)
+        depends = sorted(rng.sample(window, k=min(len(window), rng.choice((0, 1, 2))))) if i > 1 else []
+        items.append({"seq": f"{i:03d}", "slug": f"task-{i}", "type": "BUILD", "delta": [],
+                      "verify": "true", "budget": 1, "depends": [f"{d:03d}" for d in depends] or "none"})
+    plan = {"objective": "big plan benchmark", "tasks": items}
+    path.write_text(json.dumps(plan))
+    return plan
+
+
+def big_plans(report: Report, tasks: int = 10_000, rounds: int = 3) -> None:
+    ftl_script = os.environ.get("FTL_CAMPAIGN_PY")
+    ftl_python = os.environ.get("FTL_PYTHON", PY)  # FTL's own dependencies (fastsql) live there
+    with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
+        plan_file = Path(tmp) / "plan.json"
+        big_plan(plan_file, tasks)
+        scripts = {"ftl": (PY, LIB_CAMPAIGN), **({"FTL": (ftl_python, ftl_script)} if ftl_script else {})}
+        results: dict[str, dict[str, tuple[float, int]]] = {}
+        for who, (python, script) in scripts.items():
+            repo = Path(tmp) / who
+            repo.mkdir()
+            run_measured([python, script, "create", "big plan benchmark"], cwd=repo)
+            add_s, add_rss, code = run_measured([python, script, "add-tasks"], cwd=repo,
+                                                stdin=plan_file.read_bytes())
+            if code != 0:
+                raise SystemExit(f"{who} add-tasks failed with exit code {code}")
+            results[who] = {"add-tasks": (add_s, add_rss)}
+            for command in ("ready-tasks", "cascade-status"):
+                runs = [run_measured([python, script, command], cwd=repo) for _ in range(rounds)]
+                results[who][command] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+    for command in ("ready-tasks", "cascade-status", "add-tasks"):
+        value, rss = results["ftl"][command]
+        if "FTL" in results:
+            ftl_value = results["FTL"][command][0]
+            speedup = ftl_value / value
+            report.add(f"big plan {tasks}: {command} time", ms(value), f"FTL {ms(ftl_value)}", speedup,
+                       ">= 3.0x faster", speedup >= 3.0)
+        else:
+            report.add(f"big plan {tasks}: {command} time", ms(value), "FTL: set FTL_CAMPAIGN_PY", None,
+                       ">= 3.0x faster than FTL", None)
+        report.add(f"big plan {tasks}: {command} peak RSS", f"{rss / MIB:.1f} MiB", "", None, "<= 40 MiB",
+                   rss <= 40 * MIB)
+
+
+def overhead(report: Report, tasks: int = 20) -> None:
+    import bench_overhead
+
+    for in_process, target in ((False, 15.0), (True, 5.0)):
+        for isolation in ("auto", "shared"):  # a git worktree per task (the default), or none
+            row = bench_overhead.overhead(tasks, in_process, isolation)
+            report.add(f"per-task overhead ({row['transport']}, {'worktree' if isolation == 'auto' else 'shared'})",
+                       f"{row['overhead_ms']:.1f} ms", f"commands {row['commands_ms']:.1f} ms", None,
+                       f"<= {target:.0f} ms", row["overhead_ms"] <= target, task_ms=row["task_ms"],
+                       span_per_task_ms=row["span_per_task_ms"])
+
+
+def dag(report: Report) -> None:
+    import bench_overhead
+
+    row = bench_overhead.dag_efficiency()
+    report.add(f"scheduler: {row['tasks']}-task DAG, jobs {row['jobs']}", f"{row['span_s']:.2f} s",
+               f"bound {row['bound_s']:.2f} s", row["efficiency"], ">= 0.97 (bound/span)",
+               row["efficiency"] >= 0.97, sim_s=row["sim_s"])
+    report.add("  same DAG, zero-overhead schedule (order)", f"{row['sim_s']:.2f} s",
+               f"bound {row['bound_s']:.2f} s", row["order_efficiency"], "(reference)", None)
+
+
+FIGURES: dict[str, Callable[[Report], None]] = {
+    "cold": cold_start, "boot": server_boot, "evaluation": evaluation, "big": big_plans,
+    "overhead": overhead, "dag": dag,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", action="store_true", help="Print the rows as JSON.")
+    parser.add_argument("--skip", default="", help=f"Figures to skip, comma-separated: {', '.join(FIGURES)}.")
+    options = parser.parse_args()
+    skip = {name.strip() for name in options.skip.split(",") if name.strip()}
+    report = Report()
+    started = time.perf_counter()
+    for name, figure in FIGURES.items():
+        if name not in skip:
+            figure(report)
+    if options.json:
+        print(json.dumps(report.rows, indent=2))
+        return
+    report.print()
+    print(f"({time.perf_counter() - started:.0f} s; load average {os.getloadavg()[0]:.1f} on "
+          f"{os.cpu_count()} CPUs: ratios are measured in the same run, absolute times move with load)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The light commands import only what they use (issue 11 item 1: fast start).
+
+Each command runs in a fresh interpreter, exactly as a user runs it; the test then reads the
+modules that interpreter loaded. It guards the import set, not the time (time is measured by
+``bench/run_all.py``): a heavy library imported at module level by a light command fails here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ftl.store import Store
+
+# Libraries a light command must never load (each costs 20-400 ms at start), and ftl's heavy rooms.
+HEAVY = ("pydantic", "pydantic_core", "clingo", "mcp", "starlette", "uvicorn", "cedarpy", "rich",
+         "httpx", "prometheus_client", "jsonschema", "transitions", "jsonlines", "tenacity",
+         "ftl.models", "ftl.manglecp", "ftl.server", "ftl.runner", "ftl.mcp_server", "ftl.replay")
+
+_PROBE = """
+import json, sys
+from ftl.cli import main
+code = 0
+try:
+    main.main(sys.argv[2:], prog_name="ftl", standalone_mode=True)
+except SystemExit as stop:
+    code = stop.code
+with open(sys.argv[1], "w") as out:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
+"""
+
+
+def _modules_after(tmp_path: Path, *argv: str) -> tuple[int, set[str]]:
+    report = tmp_path / "modules.json"
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(report), *argv], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)
+    assert report.exists(), done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    return data["code"], set(data["modules"])
+
+
+def _heavy(modules: set[str]) -> list[str]:
+    return sorted(m for m in modules if any(m == h or m.startswith(h + ".") for h in HEAVY))
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("cold")
+    with Store.for_repo(path) as store:
+        store.create_campaign("cold start")
+    return path
+
+
+@pytest.mark.parametrize("argv", [("--help",), ("campaign", "status"), ("campaign", "status", "--json"),
+                                  ("campaign", "--help")])
+def test_light_commands_import_no_heavy_module(repo: Path, argv: tuple[str, ...]):
+    code, modules = _modules_after(repo, *argv)
+    assert code == 0
+    assert "ftl.cli" in modules
+    assert _heavy(modules) == []
+
+
+def test_the_guard_sees_a_heavy_import(repo: Path):
+    # the same probe on a command that needs the server's modules reports them (the test can fail)
+    code, modules = _modules_after(repo, "serve", "--help")
+    assert code == 0
+    assert "ftl.server.serve" in modules and "ftl.manglecp.server" in _heavy(modules)
+
+
+def test_lazy_command_summaries_match_their_help():
+    from ftl.cli import main
+
+    for name, (path, summary) in main.lazy_commands.items():
+        module, _, attribute = path.partition(":")
+        command = getattr(importlib.import_module(module), attribute)
+        assert command.name == name
+        assert command.help.split("\n\n")[0].strip() == summary
+        listed = __import__("click").Command(name, help=summary)
+        for limit in (30, 45, 80):
+            assert listed.get_short_help_str(limit) == command.get_short_help_str(limit)
+
+
+def test_indexing_the_command_table_loads_a_lazy_command():
+    from ftl.clickutil import LazyGroup
+
+    group = LazyGroup("g")
+    group.add_lazy_command("serve", "ftl.server.serve:serve", "Run ftl's embedded MangleCP server.")
+    group.add_lazy_command("gone", "ftl.no_such_module:command", "An extra that is not installed.")
+    assert "serve" not in group.commands  # nothing imported yet
+    assert group.commands["serve"].name == "serve"
+    assert "serve" in group.commands
+    with pytest.raises(KeyError):
+        group.commands["gone"]
+    with pytest.raises(KeyError):
+        group.commands["unknown"]
