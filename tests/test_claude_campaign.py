@@ -55,12 +55,18 @@ def test_six_builders_one_usage_limit_every_start_waits_at_the_gate(tmp_path: Pa
     failures = [e for e in log if e["event"] == "TOOL_FAILURE"]
     assert [(e["task_seq"], e["error_type"]) for e in failures] == [("001", "rate_limited")]
     assert [e["decision"] for e in log if e["event"] == "FAILURE_CLASSIFIED"] == ["retry"]
-    # Every agent start after the gate closed waited until it opened (001's retry, 005, 006).
-    runs = _argv_log(argv_dir)
+    # Every agent start (TOOL_CALL, made after the gate check) once the gate closed waited until
+    # it opened: 001's retry, and 005/006 unless 002/003 took longer than the pause.
     closed_at = _ts(gate[0]["ts"])
-    later = [r for r in runs if r["t"] > closed_at]
-    assert sorted((r["slug"], r["run"]) for r in later) == [("greet", 2), ("report", 1), ("shapes", 1)]
-    assert all(r["t"] >= opened - 0.05 for r in later)
+    calls = [e for e in log if e["event"] == "TOOL_CALL" and e["tool"] == "claude_builder"]
+    later = [e for e in calls if e["seq"] > gate[0]["seq"]]
+    assert "001" in {e["task_seq"] for e in later}
+    assert all(_ts(e["ts"]) >= opened - 0.01 and e["seq"] > gate[1]["seq"] for e in later)
+    assert sorted(e["task_seq"] for e in calls) == ["001", "001", "002", "003", "004", "005", "006"]
+    runs = _argv_log(argv_dir)
+    assert sorted((r["slug"], r["run"]) for r in runs if r["slug"] == "greet") == [
+        ("greet", 1), ("greet", 2)]
+    assert closed_at < opened
     # Cost per task and in total: TASK_END, status, the text and HTML postmortems.
     ends = {e["task_seq"]: e for e in log if e["event"] == "TASK_END"}
     assert all(ends[seq]["total_cost_usd"] > 0 and ends[seq]["usage"]["output_tokens"] > 0
