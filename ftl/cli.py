@@ -306,7 +306,11 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
         return 0
     record = data["campaign"]
     lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
-    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}" for t in data["tasks"]]
+    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}"
+              + (f"  ${t['cost_usd']:.4f} ({t['num_turns']} turns)" if t.get("cost_usd") is not None
+                 else "") for t in data["tasks"]]
+    if record.get("cost_usd") is not None:
+        lines.append(f"  agent cost: ${record['cost_usd']:.4f} total")
     _emit(envelope.success(data), as_json, "\n".join(lines))
     return 0
 

@@ -17,6 +17,30 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ftl.errors import FtlError
 
 
+class ClaudeSettings(BaseModel):
+    """The ``[claude]`` table: how ftl runs Claude Code as a builder or planner (issue 12).
+
+    ftl runs ``<command> -p --output-format stream-json --verbose --max-turns N`` itself, with
+    ``--agent <agent>``, ``--model``, ``--permission-mode`` when set, then ``extra_args``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(default_factory=lambda: ["claude"], min_length=1,
+                               description="The CLI (argv prefix), e.g. [\"npx\", \"claude\"].")
+    agent: str | None = Field("ftl:builder", description="Builder agent (--agent); None: none.")
+    planner_agent: str | None = Field("ftl:planner", description="Planner agent (--agent).")
+    model: str | None = Field(None, description="--model; None: the CLI's default.")
+    permission_mode: str | None = Field(None, description="--permission-mode, e.g. acceptEdits.")
+    extra_args: list[str] = Field(default_factory=list, description="Appended to every run.")
+    turns_per_budget: int = Field(10, ge=1, le=1000, description=(
+        "--max-turns = task budget x this (FTL's budget counts tool calls; a turn is one "
+        "model response with its tool calls)."))
+    planner_max_turns: int = Field(30, ge=1, le=1000, description="--max-turns of a planner run.")
+    idle_timeout_s: float = Field(600.0, gt=0, description=(
+        "No stream event for this long (s): the agent is stalled, stopped and resumed once."))
+
+
 class Config(BaseModel):
     """Runner configuration. Units are in the names (``_s`` seconds, ``_ms`` milliseconds)."""
 
@@ -41,6 +65,15 @@ class Config(BaseModel):
         None, description="Agent builder command; gets the workspace JSON on stdin.")
     planner_command: list[str] | None = Field(
         None, description="Planner agent command; gets the planning input JSON on stdin.")
+    builder: Literal["agent", "claude"] = Field("agent", description=(
+        "Builder for tasks without a run command: 'agent' runs agent_command (JSON on stdin), "
+        "'claude' runs Claude Code itself and reads its event stream ([claude] table)."))
+    planner: Literal["agent", "claude"] = Field("agent", description=(
+        "Planner when no plan is given: 'agent' runs planner_command, 'claude' runs Claude Code."))
+    claude: ClaudeSettings = Field(default_factory=ClaudeSettings)
+    max_cost_usd: float | None = Field(None, gt=0, description=(
+        "Campaign agent spend limit, USD: once reached no agent task starts; the rest end "
+        "budget_exhausted."))
     server: str | None = Field(None, description="MangleCP server: None (embedded), 'stdio:CMD' or URL.")
     output_limit_bytes: int = Field(64 * 1024, ge=1024, description="Command output kept per step.")
     isolation: Literal["auto", "worktree", "shared"] = Field("auto", description=(

@@ -225,6 +225,18 @@ _ROWS: tuple[ErrorKind, ...] = (
          "The task was re-run once on the new integration head; make the two tasks' deltas "
          "disjoint or make one depend on the other, then resume.",
          ("seq", "other_seq", "paths"), http_status=409, recoverable=False),
+    # --- Agent builders observed through their event stream (issue 12).
+    _row("stalled", T, Route.BLOCK_TASK, "evaluation_timeout", -32092, ("unavailable", "AGENT_STALLED"),
+         "Task {seq}'s agent wrote no event for {idle_timeout_s} s and was stopped.",
+         "The task was retried once, continuing the same agent session; if it stalls again, "
+         "raise idle_timeout_s in ftl.toml or split the task.",
+         ("seq", "idle_timeout_s", "session_id")),
+    _row("agent_login_required", S, Route.SUMMARY, "auth_required", -32094,
+         ("authentication", "AGENT_NOT_LOGGED_IN"),
+         "The Claude Code CLI is not logged in: {problem}.",
+         "Log in once on this machine: run `claude` and type /login (or `claude setup-token` "
+         "for a long-lived token), or export ANTHROPIC_API_KEY for the ftl process; then "
+         "resume the campaign.", ("problem", "seq")),
     # --- Transient causes named by FTL ERROR_HANDLING.
     _row("network_error", T, Route.SUMMARY, "server_not_ready", -32013,
          ("unavailable", "UNAVAILABLE"), "A network call failed.",

@@ -59,6 +59,9 @@ RETURN = "RETURN"
 #: refusal), ``gates`` ``{gate: step result}``, and for a refusal ``denied_by`` and ``reason``
 #: (the refusal's error kind).
 GATE_DECISION = "GATE_DECISION"
+#: The shared rate gate of agent builders closed (a rate or usage limit: no new agent starts
+#: until ``reopens_at``) or opened again (issue 12).
+RATE_GATE = "RATE_GATE"
 
 # Events that are actions: replay checks that each lies inside a state (design.md §6).
 ACTION_EVENTS = frozenset({
@@ -67,6 +70,7 @@ ACTION_EVENTS = frozenset({
     EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
     PLAN_VALIDATION_FAILED, PLAN_REGISTERED, CASCADE_STATUS, CASCADE_ANALYSIS, CASCADE_REPLAN,
     CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN, GATE_DECISION,
+    RATE_GATE,
 })
 
 _RESERVED = frozenset({"ts", "seq", "campaign_id", "event"})
@@ -312,10 +316,20 @@ class MergeConflictFields(BaseModel):
     round: int = Field(ge=1, le=2, description="1: re-run on the new head follows; 2: blocked.")
 
 
+class RateGateFields(BaseModel):
+    """``RATE_GATE``: the agents' shared rate gate closed or opened (issue 12)."""
+
+    closed: bool = Field(description="True: no new agent starts until reopens_at; False: open.")
+    reopens_at: str | None = Field(description="When it opens (RFC 3339 UTC); None once open.")
+    task_seq: str | None = Field(None, description="The task whose agent hit the limit.")
+    limit_kind: str | None = Field(None, description="rate_limit | usage_limit.")
+    reason: str | None = Field(None, description="The limit's message (at most 300 chars).")
+
+
 #: Events whose own fields have a schema (``schemas/event.schema.json``, ``$defs``).
 EVENT_FIELDS: dict[str, type[BaseModel]] = {
     TASK_COMMIT: TaskCommitFields, TASK_INTEGRATED: TaskIntegratedFields,
-    MERGE_CONFLICT: MergeConflictFields,
+    MERGE_CONFLICT: MergeConflictFields, RATE_GATE: RateGateFields,
 }
 
 

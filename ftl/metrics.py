@@ -15,6 +15,9 @@ series so two dumps of the same run compare byte for byte (reference §3.2, §5 
   (``none`` when the event names none); ``outcome`` is ``retried`` (a ``RETRY`` event),
   ``recovered`` or ``unrecovered`` (a ``RECOVERY_ATTEMPT`` and its ``success``).
 * ``ftl_tasks_total{status}``: finished task attempts by status (``TASK_END``).
+* ``ftl_agent_cost_usd_total``: agent spend in USD, and ``ftl_agent_tokens_total{kind}``:
+  tokens by usage kind (``input_tokens``, ``output_tokens``, ``cache_read_input_tokens``,
+  ``cache_creation_input_tokens``), both from the ``TASK_END`` of agent builds (issue 12).
 
 Counted once per process: a campaign's in-process tool server builds its gate with counting off
 (`ftl.server.app.connect`), so its decisions are counted only from the campaign's events; a
@@ -92,6 +95,10 @@ class Metrics:
                                "and outcome.", ["kind", "outcome"], registry=self.registry)
         self.tasks = Counter("ftl_tasks_total", "Finished task attempts by status.", ["status"],
                              registry=self.registry)
+        self.agent_cost = Counter("ftl_agent_cost_usd", "Agent builder spend, USD.",
+                                  registry=self.registry)
+        self.agent_tokens = Counter("ftl_agent_tokens", "Agent builder tokens by usage kind.",
+                                    ["kind"], registry=self.registry)
 
     def count_error(self, error_type: str, *, gate: str | None = None) -> None:
         """One error of registry kind ``error_type`` (unknown names count as ``internal_error``,
@@ -133,6 +140,15 @@ class Metrics:
     def count_task(self, status: str | None) -> None:
         """One finished task attempt with ``status`` (``complete``, ``blocked``, ``pending``...)."""
         self.tasks.labels(status=self._limit("status", status)).inc()
+
+    def count_agent(self, cost_usd: Any, usage: Any) -> None:
+        """One agent build's ``total_cost_usd`` (USD) and ``usage`` ``{kind: tokens}``;
+        negative or non-numeric values are ignored."""
+        if isinstance(cost_usd, (int, float)) and not isinstance(cost_usd, bool) and cost_usd > 0:
+            self.agent_cost.inc(cost_usd)
+        for token_kind, count in (usage.items() if isinstance(usage, dict) else ()):
+            if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+                self.agent_tokens.labels(kind=self._limit("token_kind", token_kind)).inc(count)
 
     def render(self) -> tuple[bytes, str]:
         """The text exposition of every counter and its content type, for ``GET /metrics``."""
@@ -185,6 +201,8 @@ class EventMetrics:
                                      "recovered" if event.get("success") else "unrecovered")
         elif name == "TASK_END":
             self.metrics.count_task(event.get("status"))
+            if "total_cost_usd" in event or "usage" in event:
+                self.metrics.count_agent(event.get("total_cost_usd"), event.get("usage"))
         elif name == "GATE_DECISION":
             steps = event.get("gates") if isinstance(event.get("gates"), dict) else {}
             for gate, outcome in steps.items():

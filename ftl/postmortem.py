@@ -507,10 +507,13 @@ def _attempts_table(result: Replay) -> str:
             _e(_offset(result, a.start)), _e(_fmt_ms(a.duration_ms)),
             f'<span class="pill" style="background:{fill};border-color:{stroke}">'
             f'{_e(a.status or "interrupted")}</span>' + (f" <code>{_e(a.error_type)}</code>" if a.error_type else ""),
-            _e(a.retries), _e(", ".join(a.recoveries or ()) or "-"), f'<td class="msg">{_e(errors or "-")}</td>',
+            _e(a.retries), _e(", ".join(a.recoveries or ()) or "-"),
+            _e("-" if a.cost_usd is None else f"${a.cost_usd:.4f}"
+               + (f" · {a.num_turns} turns" if a.num_turns else "")),
+            f'<td class="msg">{_e(errors or "-")}</td>',
         ])
     return _table(["task", "attempt", "worker", "run", "start", "duration", "outcome", "retries",
-                   "recoveries", "failures (every attempt's)"], rows, "No task was started.")
+                   "recoveries", "cost", "failures (every attempt's)"], rows, "No task was started.")
 
 
 def _states_table(result: Replay) -> str:
@@ -653,6 +656,8 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
         (f"<b>{_e(crashes)}</b>", "crashes resumed"),
         (f"<b>{_e(result.events)}</b>", "events"),
     ]
+    if result.agent_cost_usd or result.agent_tokens:
+        cards.insert(5, (f"<b>${result.agent_cost_usd:.4f}</b>", "agent cost (total)"))
     card_html = "".join(f'<div class="card">{v}<span>{_e(k)}</span></div>' for v, k in cards)
     notes = "".join(f"<li>{_e(n)}</li>" for n in result.warnings())
     warn_html = f'<div class="box warn"><b>Log warnings</b><ul>{notes}</ul></div>' if notes else ""

@@ -13,7 +13,18 @@ from typing import Any, TextIO
 _PLAIN_EVENTS = {"STATE_ENTRY", "TASK_START", "TASK_END", "TOOL_FAILURE", "RETRY",
                  "RECOVERY_ATTEMPT", "CASCADE_STATUS", "CASCADE_PROPAGATE", "CASCADE_REPLAN",
                  "PARTIAL_FAILURE", "RETURN", "RUN_END", "ERROR_ROUTE", "LOG_REPAIRED",
-                 "RUN_START", "TASK_INTEGRATED", "MERGE_CONFLICT", "ORPHANS_WAITING"}
+                 "RUN_START", "TASK_INTEGRATED", "MERGE_CONFLICT", "ORPHANS_WAITING",
+                 "RATE_GATE"}
+
+
+def _clock(iso: Any) -> str:
+    """``HH:MM`` (local time) of an RFC 3339 timestamp, or ``?``."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(iso).replace("Z", "+00:00")).astimezone().strftime("%H:%M")
+    except ValueError:
+        return "?"
 
 
 def describe(event: dict[str, Any]) -> str | None:
@@ -36,6 +47,11 @@ def describe(event: dict[str, Any]) -> str | None:
         return (f"[{state}] task {event.get('task_seq')} conflicts with task(s) "
                 f"{', '.join(event.get('other_seqs') or []) or '?'} in "
                 f"{', '.join((event.get('paths') or [])[:3])}")
+    if name == "RATE_GATE":
+        if not event.get("closed"):
+            return f"[{state}] agents resumed: rate gate open"
+        return (f"[{state}] agents paused until {_clock(event.get('reopens_at'))}: "
+                f"{event.get('limit_kind') or 'limit'} met by task {event.get('task_seq') or '?'}")
     if name == "STATE_ENTRY":
         extra = f" ({event['error_type']})" if event.get("error_type") else ""
         return f"[{state}] enter{extra}"
@@ -43,6 +59,8 @@ def describe(event: dict[str, Any]) -> str | None:
         return f"[{state}] task {event.get('task_seq')} started on {event.get('worker')} (attempt {event.get('attempt')})"
     if name == "TASK_END":
         extra = f" ({event['error_type']})" if event.get("error_type") else ""
+        if isinstance(event.get("total_cost_usd"), (int, float)):
+            extra += f" ${event['total_cost_usd']:.4f}"
         return f"[{state}] task {event.get('task_seq')} {event.get('status')}{extra}"
     if name == "TOOL_FAILURE":
         task = f" task {event['task_seq']}" if event.get("task_seq") else ""
@@ -87,6 +105,7 @@ class RichProgress:
         self.tasks: dict[str, dict[str, Any]] = {}
         self.state = "-"
         self.last = ""
+        self.paused_until: str | None = None  # "HH:MM" while the agents' rate gate is closed
         self._lock = threading.Lock()
         self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
 
@@ -100,7 +119,9 @@ class RichProgress:
     def _render(self) -> Any:
         from rich.table import Table
 
-        table = Table(title=f"ftl — {self.state}", caption=self.last or None, expand=False)
+        title = f"ftl — {self.state}" + (f" — paused until {self.paused_until}"
+                                          if self.paused_until else "")
+        table = Table(title=title, caption=self.last or None, expand=False)
         for column in ("task", "status", "worker", "attempt"):
             table.add_column(column)
         colours = {"running": "yellow", "complete": "green", "blocked": "red", "cancelled": "magenta"}
@@ -124,6 +145,8 @@ class RichProgress:
                                                  "attempt": event.get("attempt")}
             elif name == "TASK_END":
                 self.tasks.setdefault(event["task_seq"], {})["status"] = event.get("status")
+            elif name == "RATE_GATE":
+                self.paused_until = _clock(event.get("reopens_at")) if event.get("closed") else None
             elif name == "CASCADE_PROPAGATE":
                 for item in event.get("propagated") or []:
                     self.tasks.setdefault(item["seq"], {})["status"] = "blocked"

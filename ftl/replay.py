@@ -159,6 +159,9 @@ class TaskAttempt:
     retries: int = 0
     recoveries: list[str] | None = None  # strategies of this attempt's RECOVERY_ATTEMPTs
     commit: str | None = None  # the task commit integrated (worktree isolation)
+    cost_usd: float | None = None  # an agent build's total_cost_usd (Claude builder)
+    num_turns: int | None = None
+    tokens: int | None = None  # input + output + cache read/write tokens
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -235,6 +238,8 @@ class Replay:
         self.outcome: str | None = None
         self.exit_code: int | None = None
         self.summary: dict[str, Any] | None = None
+        self.agent_cost_usd = 0.0  # sum of the attempts' cost_usd (TASK_END total_cost_usd)
+        self.agent_tokens = 0
         self.torn_tails: list[str] = []
         self.other_campaigns: list[str] = []
         self._spool = spool = Spool()
@@ -346,6 +351,7 @@ class Replay:
             "campaign_id": self.campaign_id, "objective": self.objective, "flow": self.flow,
             "files": self.files, "events": self.events, "outcome": self.outcome,
             "exit_code": self.exit_code, "summary": self.summary,
+            "agent_cost_usd": round(self.agent_cost_usd, 6), "agent_tokens": self.agent_tokens,
             "first_ts": self.first_ts, "last_ts": self.last_ts, "duration_ms": self.duration_ms,
             "runs": [{**asdict(r), "crashed": r.crashed} for r in self.runs],
             "crash_boundaries": self.crash_boundaries,
@@ -1020,6 +1026,14 @@ class _Checker:
         attempt.error_type = _intern(error_type) if type(error_type) is str else _s(error_type)
         attempt.duration_ms = _i(e.get("duration_ms"))
         attempt.commit = _s(e.get("commit"))
+        cost, usage = e.get("total_cost_usd"), e.get("usage")
+        if type(cost) in (int, float) and cost >= 0:
+            attempt.cost_usd = float(cost)
+            self.r.agent_cost_usd += float(cost)
+        attempt.num_turns = _i(e.get("num_turns"))
+        if isinstance(usage, dict):
+            attempt.tokens = sum(v for v in usage.values() if type(v) is int and v > 0)
+            self.r.agent_tokens += attempt.tokens
         if attempt.duration_ms is None:
             attempt.duration_ms = _ms_between(attempt.start, ts)
         info = self.r.tasks[attempt.seq]
@@ -1276,7 +1290,11 @@ def _text_body(r: Replay) -> Iterator[str]:
                 line += f", failures at seq {', '.join(map(str, a.failures))}"
             if a.commit:
                 line += f", commit {a.commit[:12]}"
+            if a.cost_usd is not None:
+                line += f", ${a.cost_usd:.4f}" + (f" ({a.num_turns} turns)" if a.num_turns else "")
             yield line
+        if r.agent_cost_usd or r.agent_tokens:
+            yield f"agent cost: ${r.agent_cost_usd:.4f} total, {r.agent_tokens} tokens"
     if r.integrations:
         yield "integration (in order):"
         for item in r.integrations:

@@ -36,6 +36,7 @@ except ImportError:  # pragma: no cover - not Linux/macOS
 from ftl import events as ev
 from ftl.config import Config
 from ftl.errors import FtlError, Route
+from ftl.executors.agent_limits import AgentLimits
 from ftl.machine import CampaignMachine, Flow, State, Tracked
 from ftl.models import Plan
 from ftl.recovery import RecoveryProtocol, RetryPolicy, classify_exception
@@ -111,6 +112,7 @@ class Run:
     cancel: threading.Event = field(default_factory=threading.Event)
     isolation: str = "shared"  # the campaign's default: "worktree" or "shared"
     worktrees: Any = None  # ftl.vcs.worktrees.Worktrees when worktree isolation is possible
+    agent_limits: AgentLimits = field(default_factory=AgentLimits)  # shared by agent builders
     machine_state: str = State.INIT.value  # set by transitions
 
     # --- guards (named methods; transitions passes EventData) ---

@@ -17,6 +17,9 @@ TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by")
 def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any] | None:
     """``{"campaign": {...}, "tasks": [...], "cascade": {...}}`` or None when there is none.
 
+    ``campaign.cost_usd`` and each task's ``cost_usd`` / ``num_turns``: agent spend in USD and
+    turns (None when no agent build reported a cost).
+
     Args:
         repo: the target repository.
         campaign_id: a campaign; default the active one, else the latest.
@@ -34,8 +37,31 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
         if record is None:
             return None
         tasks = store.tasks(record["id"])
+        spend = agent_spend(store.workspaces(record["id"]))
     cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks},
                                  {t["seq"]: t["status"] for t in tasks})
-    return {"campaign": {key: record.get(key) for key in CAMPAIGN_KEYS},
-            "tasks": [{key: t.get(key) for key in TASK_KEYS} for t in tasks],
-            "cascade": cascade}
+    rows = [{key: t.get(key) for key in TASK_KEYS} for t in tasks]
+    for row in rows:
+        row.update(spend.get(row["seq"]) or {"cost_usd": None, "num_turns": None})
+    known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]
+    campaign = {key: record.get(key) for key in CAMPAIGN_KEYS}
+    campaign["cost_usd"] = round(sum(known), 6) if known else None
+    return {"campaign": campaign,
+            "tasks": rows, "cascade": cascade}
+
+
+def agent_spend(workspaces: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per task seq, the agent builds' ``cost_usd`` (USD) and ``num_turns`` summed over its
+    attempts, read from each workspace's stored build result (``total_cost_usd``, issue 12);
+    tasks built without an agent that reports cost are absent."""
+    spend: dict[str, dict[str, Any]] = {}
+    for row in workspaces:
+        result = row.get("result") if isinstance(row.get("result"), dict) else {}
+        build = result.get("build") if isinstance(result.get("build"), dict) else result
+        cost = build.get("total_cost_usd")
+        if not isinstance(cost, (int, float)) or isinstance(cost, bool):
+            continue
+        entry = spend.setdefault(str(row["seq"]), {"cost_usd": 0.0, "num_turns": 0})
+        entry["cost_usd"] = round(entry["cost_usd"] + float(cost), 6)
+        entry["num_turns"] += int(build.get("num_turns") or 0)
+    return spend

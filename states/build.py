@@ -48,6 +48,7 @@ import logging
 import shlex
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ from ftl.machine import Flow
 from ftl.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.runner import Next, Run
 from ftl.scheduler import CancelToken, TaskOutcome
+from ftl.states.execute import AGENT_COST_KEYS
+from ftl.status import agent_spend
 from ftl.tools import fact
 from ftl.vcs.scope import out_of_scope
 from ftl.vcs.worktrees import MergeConflict, spec_digest
@@ -125,8 +128,9 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
     facts = run.facts() + [fact("task", seq, task.type.value)]
     if task.run:
         facts.append(fact("task_has_run", seq))
-    if task.builder:
-        facts.append(fact("builder_requested", seq, task.builder))
+    requested = "claude" if _builder_for(run, task) == "claude_builder" else task.builder
+    if requested:
+        facts.append(fact("builder_requested", seq, requested))
     if run.task_isolation(task) == "worktree":
         if run.worktrees is None:
             raise FtlError("configuration_error", {
@@ -158,7 +162,8 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     task's outcome when it blocked or was cancelled."""
     seq = task.seq
     build_result: dict[str, Any] = dict(built or {})
-    builder = "shell_builder" if task.builder_kind == "shell" else "agent_builder"
+    builder = _builder_for(run, task)
+    claude = _ClaudeTries(run, seq, cancel) if builder == "claude_builder" else None
     if built is None:
         build_spec = spec
         checkpoint: Path | None = None
@@ -174,6 +179,8 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
                                       task_seq=seq, attempt=number)
                 return {"status": "complete", "delivered": f"ran: {task.run}",
                         "from_checkpoint": True}
+            if claude is not None:
+                return claude.build(facts, build_spec, others)
             return _build_once(run, facts, builder, build_spec, seq, cancel, others)
 
         try:
@@ -237,6 +244,8 @@ def _idiom_violations(run: Run, task: Any, build_result: dict[str, Any], tree: A
 
 def _complete(run: Run, workspace: Any, build_result: dict[str, Any], verify: dict[str, Any],
               started: float, **detail: Any) -> TaskOutcome:
+    detail.update({key: build_result[key] for key in AGENT_COST_KEYS
+                   if build_result.get(key) is not None})
     delivered = str(build_result.get("delivered") or build_result.get("output") or "")[-2000:]
     run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
                                "complete", {"build": _trim(build_result), "verify": _trim(verify),
@@ -333,6 +342,78 @@ def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, An
                      integration_head=integration.head)
 
 
+def _builder_for(run: Run, task: Any) -> str:
+    """The build tool: the shell builder for a run command; for agent tasks the agent builder,
+    or Claude Code itself when ``builder = "claude"`` (issue 12)."""
+    if task.builder_kind == "shell":
+        return "shell_builder"
+    return "claude_builder" if run.config.builder == "claude" else "agent_builder"
+
+
+class _ClaudeTries:
+    """The tries of one task attempt with the Claude builder, and what they share with every
+    other agent of the run (``run.agent_limits``, `ftl.executors.agent_limits`).
+
+    Before each try: the campaign's spend limit (``max_cost_usd``: reached -> the task is not
+    started, ``budget_exhausted``) and the rate gate (closed -> wait until it opens). After
+    each try: its cost is added to the task's and the run's; a rate or usage limit closes the
+    gate until its reset; a stall keeps the session id, so the retry continues that session
+    (``--resume``).
+    """
+
+    def __init__(self, run: Run, seq: str, cancel: threading.Event) -> None:
+        self.run, self.seq, self.cancel = run, seq, cancel
+        self.resume: str | None = None
+        self.cost: dict[str, Any] = {"total_cost_usd": 0.0, "num_turns": 0, "duration_api_ms": 0,
+                                     "usage": {}, "session_id": None}
+
+    def build(self, facts: list, spec: dict[str, Any], exclude: list[str]) -> dict[str, Any]:
+        run, limits = self.run, self.run.agent_limits
+        limits.spend.seed_once(lambda: sum(
+            item["cost_usd"] for item in agent_spend(run.store.workspaces(run.campaign_id)).values()))
+        if limits.spend.reached(run.config.max_cost_usd):
+            raise FtlError("budget_exhausted", {"seq": self.seq, "budget": run.config.max_cost_usd},
+                           message=f"Task {self.seq} not started: the campaign's agent spend "
+                                   f"${limits.spend.total_usd:.2f} reached max_cost_usd "
+                                   f"${run.config.max_cost_usd:.2f}.")
+        limits.gate.wait(self.cancel, emit=run.log.emit, state=run.machine_state)
+        args: dict[str, Any] = {"workspace": spec, "exclude_paths": exclude}
+        if self.resume:
+            args["resume_session_id"] = self.resume
+        result = run.tools.call(BUILD_INTENT, facts, "claude_builder", args,
+                                state=run.machine_state, seq=self.seq, cancel=self.cancel)
+        self._add_cost(result)
+        if result.get("error_type") == "rate_limited":
+            reopens = result.get("reopens_at")
+            limits.gate.close(datetime.fromisoformat(reopens) if reopens else None,
+                              emit=run.log.emit, state=run.machine_state, task_seq=self.seq,
+                              limit_kind=result.get("limit_kind"), reason=result.get("reason"))
+        if result.get("error_type") == "stalled" and result.get("session_id"):
+            self.resume = str(result["session_id"])
+        if result.get("status") != "complete":
+            error = classify_command(result, what="build", seq=self.seq)
+            error.details.update({key: result[key] for key in (
+                "session_id", "idle_timeout_s", "reopens_at", "limit_kind", "max_turns")
+                if result.get(key) is not None}, agent_cost=dict(self.cost))
+            if error.error_type in ("agent_login_required", "configuration_error"):
+                error.details["problem"] = str(result.get("reason") or "not logged in")
+            if error.error_type == "budget_exhausted":
+                error.details["budget"] = spec.get("budget")
+            raise error
+        return {**result, **self.cost}
+
+    def _add_cost(self, result: dict[str, Any]) -> None:
+        cost = self.cost
+        cost["total_cost_usd"] = round(cost["total_cost_usd"]
+                                       + float(result.get("total_cost_usd") or 0.0), 6)
+        cost["num_turns"] += int(result.get("num_turns") or 0)
+        cost["duration_api_ms"] += int(result.get("duration_api_ms") or 0)
+        for kind, count in (result.get("usage") or {}).items():
+            cost["usage"][kind] = cost["usage"].get(kind, 0) + int(count or 0)
+        cost["session_id"] = result.get("session_id") or cost["session_id"]
+        self.run.agent_limits.spend.add(result.get("total_cost_usd"))
+
+
 def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[str]:
     """Paths (delta + creates) of the tasks that may run while ``seq`` runs in the shared
     checkout, so the builder does not charge their changes to ``seq``: none with one job (the
@@ -387,9 +468,12 @@ def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
         reason += "\n" + tail[-1500:]
     run.recovery.recovery(strategy="block_task", success=True, state=run.machine_state,
                           task_seq=workspace.seq, error=error)
+    cost = error.details.get("agent_cost") or {}
     run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
-                               "blocked", {"error_type": error.error_type, "reason": reason})
-    return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type})
+                               "blocked", {"error_type": error.error_type, "reason": reason,
+                                           **({"build": cost} if cost else {})})
+    return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type,
+                                                  **cost})
 
 
 def _fail_task(run: Run, seq: str, workspace: Any, exc: Exception) -> TaskOutcome:

@@ -18,6 +18,9 @@ from ftl.errors import FtlError
 from ftl.runner import Next, Run
 from ftl.scheduler import Scheduler, TaskOutcome, critical_path_priority
 
+#: An agent builder's cost fields, copied from a task's outcome into its TASK_END (issue 12).
+AGENT_COST_KEYS = ("total_cost_usd", "num_turns", "duration_api_ms", "usage", "session_id")
+
 
 def enter(run: Run) -> Next:
     tracked = run.tracked
@@ -62,9 +65,10 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
                                       reason=detail.get("reason"))
         else:
             run.store.transition_task(run.campaign_id, outcome.seq, "pending", reason="resume")
+        agent = {key: detail[key] for key in AGENT_COST_KEYS if detail.get(key) is not None}
         run.log.emit(ev.TASK_END, task_seq=outcome.seq, worker=worker, status=outcome.status,
                      error_type=detail.get("error_type"), duration_ms=detail.get("duration_ms"),
-                     **({"commit": detail["commit"]} if detail.get("commit") else {}))
+                     **({"commit": detail["commit"]} if detail.get("commit") else {}), **agent)
 
     # Longest remaining chain first, with budgets standing in for unknown durations: the
     # scheduler benchmark measured 0.995 of the lower bound this way against 0.946 in seq order.

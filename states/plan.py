@@ -9,6 +9,7 @@ The plan is saved before the next state, so a crash after PLAN resumes with it.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from ftl import events as ev
@@ -33,17 +34,21 @@ def enter(run: Run) -> Next:
     selected = run.tools.select(INTENT, facts)
     if "load_plan" in selected:
         tool, args = "load_plan", {"plan": run.plan_input}
-    elif "agent_planner" in selected:
+    elif "claude_planner" in selected or "agent_planner" in selected:
         # Earlier questions travel inside the exploration (``_questions``) to the next round.
-        tool, args = "agent_planner", {"objective": run.objective, "exploration": run.exploration}
+        tool = "claude_planner" if "claude_planner" in selected else "agent_planner"
+        args = {"objective": run.objective, "exploration": run.exploration}
     else:
         raise FtlError("dependency_missing",
-                       {"name": "a plan (--plan FILE) or planner_command in ftl.toml"})
+                       {"name": "a plan (--plan FILE), planner_command or planner = \"claude\" "
+                                "in ftl.toml"})
 
     result = run.recovery.run(lambda attempt: _plan_once(run, facts, tool, args), tool=tool, state="PLAN")
     decision = str(result.get("decision", "UNKNOWN")).upper()
+    cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
+            if result.get(key) is not None}  # a Claude planner's spend (issue 12)
     run.log.emit(ev.PLAN_DECISION, decision=decision, tool=tool,
-                 questions=result.get("questions") or [])
+                 questions=result.get("questions") or [], **cost)
 
     if decision == "PROCEED" and isinstance(result.get("plan"), dict):
         try:
@@ -62,7 +67,20 @@ def enter(run: Run) -> Next:
 def _plan_once(run: Run, facts: list, tool: str, args: dict[str, Any]) -> dict[str, Any]:
     """One planner call. A planner that crashed or timed out without an answer is a failure
     (emitted, classified, retried once if transient), not a clarification round."""
+    if tool == "claude_planner":  # an agent start: the shared rate gate applies
+        run.agent_limits.gate.wait(run.cancel, emit=run.log.emit, state="PLAN")
     result = run.tools.call(INTENT, facts, tool, args, state="PLAN", cancel=run.cancel)
+    run.agent_limits.spend.add(result.get("total_cost_usd"))
+    if result.get("error_type") == "rate_limited":
+        reopens = result.get("reopens_at")
+        run.agent_limits.gate.close(datetime.fromisoformat(reopens) if reopens else None,
+                                    emit=run.log.emit, state="PLAN",
+                                    limit_kind=result.get("limit_kind"), reason=result.get("reason"))
+    if result.get("error_type"):  # a Claude planner run that failed (login, limit, stall...)
+        error = classify_command({**result, "output": result.get("reason")}, what="plan")
+        if error.error_type in ("agent_login_required", "configuration_error"):
+            error.details["problem"] = str(result.get("reason") or "")
+        raise error
     answered = str(result.get("decision", "UNKNOWN")).upper() != "UNKNOWN" or result.get("plan")
     if not answered and (result.get("timed_out") or result.get("exit_code") not in (None, 0)):
         raise classify_command({**result, "output": result.get("output_tail") or result.get("output")},

@@ -315,6 +315,14 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
              "(or the re-plan input) and returns its decision: PROCEED with a plan, CLARIFY with "
              "questions, or CONFIRM.", ("process", "network"),
              capability="agent_planner", server_bound=("command",), outcome=plan_outcome),
+    ToolSpec("claude_planner", "claude", "claude_planner", "ClaudePlannerArgs",
+             ("plan_campaign", "replan_campaign"),
+             "Ask Claude Code for a plan.",
+             "Runs `claude -p --output-format stream-json` with the ftl:planner agent on the "
+             "objective and exploration (or the re-plan input) and returns its decision: PROCEED "
+             "with a plan, CLARIFY with questions, or CONFIRM; with its cost.",
+             ("process", "network"), conflicts=("agent_planner",),
+             capability="claude_planner", server_bound=("claude",), outcome=plan_outcome),
     ToolSpec("shell_builder", "builders", "shell_builder", "BuildArgs", ("build_task",),
              "Run the task's run command in its workspace.",
              "Runs the workspace's `run` shell command in the repository with the task's time "
@@ -327,6 +335,14 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
              "the task's delta.", ("filesystem", "process", "network"),
              conflicts=("shell_builder",), capability="agent_builder", server_bound=("command",),
              outcome=builder_outcome),
+    ToolSpec("claude_builder", "claude", "claude_builder", "ClaudeBuildArgs", ("build_task",),
+             "Run Claude Code on the workspace and read its event stream.",
+             "Runs `claude -p --output-format stream-json` in the task's directory with the "
+             "workspace as the prompt and --max-turns from the task's budget; reports the "
+             "outcome, cost, turns, tokens, session id, rate or usage limits, a stall, the files "
+             "changed and any change outside the task's delta.",
+             ("filesystem", "process", "network"), conflicts=("shell_builder", "agent_builder"),
+             capability="claude_builder", server_bound=("claude",), outcome=builder_outcome),
     ToolSpec("run_verify", "verifier", "run_verify", "VerifyArgs", ("verify_task",),
              "Run a task's verify command.",
              "Runs the verify shell command in the repository with a time limit; passed means "
@@ -346,6 +362,8 @@ TOOL_SPECS: tuple[ToolSpec, ...] = (
 def server_bound_values(config: Config) -> dict[str, dict[str, Any]]:
     """Per tool, the values the server binds from the configuration."""
     return {"agent_builder": {"command": config.agent_command},
+            "claude_builder": {"claude": config.claude},
+            "claude_planner": {"claude": config.claude},
             "agent_planner": {"command": config.planner_command}}
 
 
@@ -356,6 +374,10 @@ def configured_capabilities(config: Config) -> list[str]:
         capabilities.append("agent_builder")
     if config.planner_command:
         capabilities.append("agent_planner")
+    if config.builder == "claude":
+        capabilities.append("claude_builder")
+    if config.planner == "claude":
+        capabilities.append("claude_planner")
     return capabilities
 
 

@@ -67,14 +67,16 @@ def _tail(text: str, limit: int) -> str:
     return text if len(data) <= limit else data[-limit:].decode("utf-8", errors="replace")
 
 
-def _run_in_scope(ws: Workspace, args: BuildArgs, ctx: ToolContext, command: str | list[str],
-                  stdin: bytes | None, limit: int) -> tuple[CommandResult, dict[str, Any]]:
-    """Run ``command`` between two tree snapshots; return the result and the change keys."""
+def _run_in_scope(ws: Workspace, args: Any, ctx: ToolContext, command: str | list[str],
+                  stdin: bytes | None, limit: int,
+                  **stream: Any) -> tuple[CommandResult, dict[str, Any]]:
+    """Run ``command`` between two tree snapshots; return the result and the change keys.
+    ``stream``: `run_command`'s ``on_stdout_line`` / ``idle_timeout_s`` (the Claude builder)."""
     cwd = resolve_workdir(ctx, ws.workdir, "$.workspace.workdir")
     method, before = snapshot_tree(cwd)
     result = run_command(command, cwd=cwd, timeout_s=ws.timeout_s, cancel=ctx.cancel,
                          stdin=stdin, env=_env(ws), output_limit_bytes=limit,
-                         ledger=ctx.repo / LEDGER_DIR)
+                         ledger=ctx.repo / LEDGER_DIR, **stream)
     method, after = snapshot_tree(cwd, method)
     changed = changed_paths(before, after) if method != "unavailable" else []
     scope = out_of_scope(changed, [*ws.delta, *ws.creates], cwd, args.exclude_paths)

@@ -68,6 +68,8 @@ class CommandResult:
         cancelled: the cancel event was set and the command was stopped.
         duration_ms: wall-clock run time (monotonic clock), in ms.
         truncated: some output was dropped to keep the tail within the limit.
+        idle_timed_out: the command wrote nothing on stdout for ``idle_timeout_s`` and was
+            stopped (``timed_out`` stays False; ``exit_code`` is None).
     """
 
     exit_code: int | None
@@ -78,6 +80,7 @@ class CommandResult:
     cancelled: bool
     duration_ms: int
     truncated: bool = False
+    idle_timed_out: bool = False
 
     @property
     def ok(self) -> bool:
@@ -168,7 +171,9 @@ def _stop_group(pgid: int, grace_s: float, sleep: Callable[[float], None] = time
 def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                 cancel: threading.Event | None = None, stdin: bytes | None = None,
                 env: Mapping[str, str] | None = None, output_limit_bytes: int = 65536,
-                grace_s: float = 2.0, ledger: Path | None = None) -> CommandResult:
+                grace_s: float = 2.0, ledger: Path | None = None,
+                on_stdout_line: Callable[[bytes], None] | None = None,
+                idle_timeout_s: float | None = None) -> CommandResult:
     """Run ``command`` in ``cwd`` and return its `CommandResult`; never raises for its outcome.
 
     Args:
@@ -186,6 +191,12 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             if ftl dies it runs to its end (or its deadline) and records its own completion
             (a build's checkpoint), and the next resume waits for it before anything runs
             again, so a finished build is never run twice and no orphan outlives the wait.
+        on_stdout_line: called in this thread with each complete stdout line (bytes, without
+            its newline) as it arrives, and with a last unterminated line at the end; for
+            line-delimited event streams (Claude Code's stream-json). An exception it raises
+            stops the command's group and propagates.
+        idle_timeout_s: when stdout stays silent this long (s, monotonic), the group is stopped
+            and the result says ``idle_timed_out`` (a stalled agent).
 
     Output is read while the command runs (no pipe deadlock whatever its size). If a process
     outside the group (one that called setsid) keeps the pipes open, reading stops 2 s after the
@@ -233,7 +244,21 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
 
     entry = (record(ledger, proc.pid, argv[-1], deadline_s=time.time() + timeout_s)
              if ledger is not None else None)
-    timed_out = cancelled = False
+    timed_out = cancelled = idle_timed_out = False
+    partial_line = bytearray()
+    last_stdout = time.monotonic()
+
+    def take_stdout(data: bytes) -> None:
+        nonlocal last_stdout
+        last_stdout = time.monotonic()
+        if on_stdout_line is None:
+            return
+        partial_line.extend(data)
+        while (newline := partial_line.find(b"\n")) != -1:
+            line = bytes(partial_line[:newline])
+            del partial_line[:newline + 1]
+            on_stdout_line(line)
+
     pending_in = memoryview(stdin or b"")
     selector = selectors.DefaultSelector()
     try:
@@ -269,6 +294,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                 if data:
                     key.data.add(data)
                     both.add(data)
+                    if key.data is out:
+                        take_stdout(data)
                 else:
                     selector.unregister(key.fileobj)
 
@@ -284,6 +311,9 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             if time.monotonic() >= deadline:
                 timed_out = True
                 break
+            if idle_timeout_s is not None and time.monotonic() - last_stdout >= idle_timeout_s:
+                idle_timed_out = True
+                break
             if reading() or pending_in:
                 pump(min(_POLL_S, max(0.0, deadline - time.monotonic())))
             else:
@@ -294,6 +324,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         drain_until = time.monotonic() + _DRAIN_LIMIT_S
         while reading() and time.monotonic() < drain_until:
             pump(_POLL_S)
+        if on_stdout_line is not None and partial_line:
+            on_stdout_line(bytes(partial_line))
         proc.wait()
     finally:
         selector.close()
@@ -308,11 +340,12 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             proc.wait()
         forget(entry)  # the group was stopped above: nothing of it is left to reap
 
-    exit_code = None if (timed_out or cancelled) else proc.returncode
+    exit_code = None if (timed_out or cancelled or idle_timed_out) else proc.returncode
     return CommandResult(exit_code=exit_code, output=both.text(), stdout=out.text(),
                          stderr=err.text(), timed_out=timed_out, cancelled=cancelled,
                          duration_ms=int((time.monotonic() - started) * 1000),
-                         truncated=out.dropped or err.dropped or both.dropped)
+                         truncated=out.dropped or err.dropped or both.dropped,
+                         idle_timed_out=idle_timed_out)
 
 
 # --------------------------------------------------------------------------- change detection

@@ -1,0 +1,252 @@
+"""Claude Code's ``--output-format stream-json`` event stream, read line by line; pure.
+
+``claude -p --output-format stream-json --verbose`` prints one JSON object per line (Claude Code
+CLI reference, "headless mode"; Agent SDK message types):
+
+* ``{"type": "system", "subtype": "init", "session_id", "model", ...}`` first;
+* ``{"type": "assistant" | "user", "message": {...}, "session_id"}`` per turn; an assistant
+  message whose text starts ``API Error: 429`` (or names ``rate_limit_error`` /
+  ``overloaded_error``) is the CLI giving up on the API;
+* ``{"type": "system", "subtype": "api_retry", "error_status", "retry_delay_ms", ...}`` when
+  the CLI retries the API itself (newer CLIs);
+* ``{"type": "result", "subtype": "success" | "error_max_turns" | "error_during_execution",
+  "is_error", "result", "session_id", "num_turns", "duration_ms", "duration_api_ms",
+  "total_cost_usd", "usage": {"input_tokens", "output_tokens", "cache_read_input_tokens",
+  "cache_creation_input_tokens"}}`` last.
+
+`StreamReader.feed` takes each line; unknown event types and lines that are not a JSON object
+are counted (``unknown_events``, ``malformed_lines``), never fatal. `StreamReader.summary` gives
+what ftl keeps of a run (`StreamSummary`). `limit_from_text` finds a rate limit or usage limit
+in an error text, with the moment it lifts (a ``retry-after``, an epoch after ``|``, or a
+``resets 3pm (Europe/Paris)`` clock time). No I/O, no clock: ``now`` is passed in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+__all__ = ["StreamReader", "StreamSummary", "Limit", "limit_from_text", "not_logged_in",
+           "TOKEN_KINDS", "KNOWN_EVENT_TYPES"]
+
+#: Token counters kept per task, named as in the ``usage`` object (``ftl_agent_tokens_total{kind}``).
+TOKEN_KINDS: tuple[str, ...] = ("input_tokens", "output_tokens", "cache_read_input_tokens",
+                                "cache_creation_input_tokens")
+KNOWN_EVENT_TYPES = frozenset({"system", "assistant", "user", "result", "stream_event"})
+
+_RATE = re.compile(r"(?i)(\b429\b|rate[_ ]limit|too many requests|overloaded|\b529\b)")
+_USAGE = re.compile(r"(?i)(usage limit|limit reached|hit your limit|out of (extra )?usage)")
+_EPOCH = re.compile(r"\|\s*(\d{10})\b")
+_RETRY_AFTER = re.compile(r"(?i)retry[-_ ]after(?:[-_ ]?(ms))?\"?\s*[:=]?\s*\"?(\d+(?:\.\d+)?)\s*(ms|s)?")
+_RESETS = re.compile(r"(?i)resets?\s+(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)?(?:\s*\(([\w/+-]+)\))?")
+_LOGIN = re.compile(r"(?i)(not logged in|please run /login|invalid api key|/login\b|"
+                    r"authentication_error|oauth token (has )?expired|credit balance is too low)")
+
+
+@dataclass(frozen=True)
+class Limit:
+    """A rate limit or a usage limit seen in the stream.
+
+    Attributes:
+        kind: ``"rate_limit"`` (429 / overloaded: wait ``retry_after_ms``) or ``"usage_limit"``
+            (the plan's quota: wait until ``reopens_at``).
+        reopens_at: when starting agents makes sense again (UTC), or None when unknown.
+        retry_after_ms: the same as a delay from ``now``, in ms, or None when unknown.
+        message: the text it was read from (at most 300 characters).
+    """
+
+    kind: str
+    reopens_at: datetime | None
+    retry_after_ms: int | None
+    message: str
+
+
+def not_logged_in(text: str) -> bool:
+    """True when ``text`` is the CLI's report that it has no usable credentials."""
+    return bool(_LOGIN.search(text or ""))
+
+
+def limit_from_text(text: str, now: datetime) -> Limit | None:
+    """The rate or usage limit ``text`` reports, or None when it reports none.
+
+    Args:
+        text: an error message of the CLI or the API.
+        now: the current time (aware, UTC), to turn a delay into a moment and back.
+
+    Rules, in order: an epoch after ``|`` (``Claude AI usage limit reached|1767225600``);
+    ``retry-after N`` (s, or ms when the name or unit says so); ``resets 3pm`` /
+    ``resets 15:30 (Europe/Paris)`` (the next such clock time, in the named zone or UTC).
+    """
+    text = text or ""
+    usage = bool(_USAGE.search(text))
+    if not usage and not _RATE.search(text):
+        return None
+    reopens: datetime | None = None
+    epoch = _EPOCH.search(text)
+    retry = _RETRY_AFTER.search(text)
+    resets = _RESETS.search(text)
+    if epoch:
+        reopens = datetime.fromtimestamp(int(epoch.group(1)), timezone.utc)
+    elif retry:
+        value = float(retry.group(2))
+        in_ms = bool(retry.group(1)) or (retry.group(3) or "").lower() == "ms"
+        reopens = now + timedelta(milliseconds=value if in_ms else value * 1000)
+    elif resets:
+        reopens = _next_clock_time(now, int(resets.group(1)), int(resets.group(2) or 0),
+                                   (resets.group(3) or "").lower(), resets.group(4))
+    delay = None if reopens is None else max(0, int((reopens - now).total_seconds() * 1000))
+    return Limit("usage_limit" if usage else "rate_limit", reopens, delay, text.strip()[:300])
+
+
+def _next_clock_time(now: datetime, hour: int, minute: int, meridiem: str,
+                     zone: str | None) -> datetime | None:
+    if meridiem:
+        if not 1 <= hour <= 12:
+            return None
+        hour = hour % 12 + (12 if meridiem == "pm" else 0)
+    if hour > 23 or minute > 59:
+        return None
+    try:
+        tz = ZoneInfo(zone) if zone else timezone.utc
+    except (ZoneInfoNotFoundError, ValueError):
+        tz = timezone.utc
+    local = now.astimezone(tz)
+    candidate = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+    if candidate <= local:
+        candidate += timedelta(days=1)
+    return candidate.astimezone(timezone.utc)
+
+
+@dataclass
+class StreamSummary:
+    """What ftl keeps of one ``claude -p`` run.
+
+    Attributes:
+        session_id: the Claude session (``--resume`` continues it), or None before ``init``.
+        result_seen: a ``result`` event arrived (the run ended on its own terms).
+        subtype: the result's subtype (``success``, ``error_max_turns``, ...), or None.
+        is_error: the result's ``is_error``.
+        result_text: the result's ``result`` text (the agent's last message).
+        total_cost_usd: cost of the run in USD (0.0 when not reported).
+        num_turns: turns used.
+        duration_api_ms: time spent waiting for the API, in ms.
+        usage: token counts by `TOKEN_KINDS`.
+        events: JSON objects read; malformed_lines / unknown_events: lines skipped.
+        errors: error texts seen (API errors in assistant messages, api_retry events, an
+            error result), newest last, at most 20.
+    """
+
+    session_id: str | None = None
+    result_seen: bool = False
+    subtype: str | None = None
+    is_error: bool = False
+    result_text: str = ""
+    total_cost_usd: float = 0.0
+    num_turns: int = 0
+    duration_api_ms: int = 0
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_KINDS, 0))
+    events: int = 0
+    malformed_lines: int = 0
+    unknown_events: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def cost_fields(self) -> dict[str, Any]:
+        """The cost and usage fields ftl records per task (TASK_END, the workspace result)."""
+        return {"total_cost_usd": round(self.total_cost_usd, 6), "num_turns": self.num_turns,
+                "duration_api_ms": self.duration_api_ms, "usage": dict(self.usage),
+                "session_id": self.session_id}
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+        return float(value)
+    return None
+
+
+def _text_of(message: Any) -> str:
+    """The text blocks of an assistant message (``message.content[].text``), joined."""
+    if not isinstance(message, dict):
+        return ""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return ""
+    return "\n".join(str(block.get("text")) for block in content
+                     if isinstance(block, dict) and block.get("type") == "text"
+                     and isinstance(block.get("text"), str))
+
+
+class StreamReader:
+    """Folds stream-json lines into a `StreamSummary`; never raises on input."""
+
+    def __init__(self) -> None:
+        self.summary = StreamSummary()
+
+    def feed(self, line: bytes | str) -> dict[str, Any] | None:
+        """Read one line; return the event object, or None for a blank or malformed line."""
+        if isinstance(line, bytes):
+            line = line.decode("utf-8", errors="replace")
+        line = line.strip()
+        if not line:
+            return None
+        try:
+            event = json.loads(line)
+        except (ValueError, RecursionError):
+            self.summary.malformed_lines += 1
+            return None
+        if not isinstance(event, dict) or not isinstance(event.get("type"), str):
+            self.summary.malformed_lines += 1
+            return None
+        self.summary.events += 1
+        kind = event["type"]
+        if kind not in KNOWN_EVENT_TYPES:
+            self.summary.unknown_events += 1
+            return event
+        session = event.get("session_id")
+        if isinstance(session, str) and session and self.summary.session_id is None:
+            self.summary.session_id = session
+        if kind == "assistant":
+            text = _text_of(event.get("message"))
+            if text.startswith("API Error") or (event.get("error") and text):
+                self._error(text)
+        elif kind == "system" and event.get("subtype") == "api_retry":
+            status, delay = event.get("error_status"), _number(event.get("retry_delay_ms"))
+            detail = f"API Error: {status} {event.get('error') or ''}".strip()
+            self._error(detail + (f" retry-after-ms {int(delay)}" if delay is not None else ""))
+        elif kind == "result":
+            self._result(event)
+        return event
+
+    def _error(self, text: str) -> None:
+        self.summary.errors = [*self.summary.errors, text[:1000]][-20:]
+
+    def _result(self, event: dict[str, Any]) -> None:
+        summary = self.summary
+        summary.result_seen = True
+        summary.subtype = event.get("subtype") if isinstance(event.get("subtype"), str) else None
+        summary.is_error = event.get("is_error") is True
+        text = event.get("result")
+        summary.result_text = text if isinstance(text, str) else ""
+        if isinstance(event.get("session_id"), str) and event["session_id"]:
+            summary.session_id = event["session_id"]
+        cost = _number(event.get("total_cost_usd"))
+        summary.total_cost_usd = cost if cost is not None else summary.total_cost_usd
+        turns = _number(event.get("num_turns"))
+        summary.num_turns = int(turns) if turns is not None else summary.num_turns
+        api_ms = _number(event.get("duration_api_ms"))
+        summary.duration_api_ms = int(api_ms) if api_ms is not None else summary.duration_api_ms
+        usage = event.get("usage")
+        if isinstance(usage, dict):
+            for name in TOKEN_KINDS:
+                count = _number(usage.get(name))
+                if count is not None:
+                    summary.usage[name] = int(count)
+        status = event.get("api_error_status")
+        if summary.is_error and (summary.result_text or status):
+            prefix = f"API Error: {status} " if isinstance(status, int) else ""
+            self._error(prefix + summary.result_text)

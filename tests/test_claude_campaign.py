@@ -1,0 +1,182 @@
+"""Campaigns of Claude Code builders, end to end through the CLI, with the stand-in CLI
+(`examples/claude-builder/stand_in_claude.py`): the shared rate gate, stalls resumed, the turn
+budget, the spend limit, cost in status and postmortems."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+from ftl.errors import Route, kind
+from ftl.events import read_events
+from ftl.postmortem import render_html
+from ftl.replay import render_text, replay
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "claude-builder"
+STAND_IN = EXAMPLE / "stand_in_claude.py"
+ENV = {**os.environ, "PYTHON": sys.executable, "FTL_BIN": str(Path(sys.executable).parent / "ftl")}
+
+
+def _events(repo: Path) -> list[dict]:
+    (log,) = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
+    return list(read_events(log))
+
+
+def _ts(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def _argv_log(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "argv.jsonl").read_text().splitlines()]
+
+
+def test_six_builders_one_usage_limit_every_start_waits_at_the_gate(tmp_path: Path) -> None:
+    argv_dir = tmp_path / "argv"
+    proc = subprocess.run(["bash", str(EXAMPLE / "run.sh"), "--json"], capture_output=True,
+                          text=True, timeout=240,
+                          env={**ENV, "FTL_WORK_DIR": str(tmp_path), "FTL_STAND_IN_LOG": str(argv_dir)})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(proc.stdout)["data"]
+    assert {t["seq"]: t["status"] for t in data["summary"]["tasks"]} == {
+        f"00{n}": "complete" for n in range(1, 7)}
+    repo = tmp_path / "claude-builder"
+    log = _events(repo)
+    gate = [e for e in log if e["event"] == "RATE_GATE"]
+    assert [(e["closed"], e.get("task_seq"), e.get("limit_kind")) for e in gate] == [
+        (True, "001", "usage_limit"), (False, None, None)]
+    opened = _ts(gate[1]["ts"])
+    assert opened >= _ts(gate[0]["reopens_at"]) - 0.01
+    # Only the task that met the limit failed, once, transiently; its retry was the protocol's.
+    failures = [e for e in log if e["event"] == "TOOL_FAILURE"]
+    assert [(e["task_seq"], e["error_type"]) for e in failures] == [("001", "rate_limited")]
+    assert [e["decision"] for e in log if e["event"] == "FAILURE_CLASSIFIED"] == ["retry"]
+    # Every agent start (TOOL_CALL, made after the gate check) once the gate closed waited until
+    # it opened: 001's retry, and 005/006 unless 002/003 took longer than the pause.
+    closed_at = _ts(gate[0]["ts"])
+    calls = [e for e in log if e["event"] == "TOOL_CALL" and e["tool"] == "claude_builder"]
+    later = [e for e in calls if e["seq"] > gate[0]["seq"]]
+    assert "001" in {e["task_seq"] for e in later}
+    assert all(_ts(e["ts"]) >= opened - 0.01 and e["seq"] > gate[1]["seq"] for e in later)
+    assert sorted(e["task_seq"] for e in calls) == ["001", "001", "002", "003", "004", "005", "006"]
+    runs = _argv_log(argv_dir)
+    assert sorted((r["slug"], r["run"]) for r in runs if r["slug"] == "greet") == [
+        ("greet", 1), ("greet", 2)]
+    assert closed_at < opened
+    # Cost per task and in total: TASK_END, status, the text and HTML postmortems.
+    ends = {e["task_seq"]: e for e in log if e["event"] == "TASK_END"}
+    assert all(ends[seq]["total_cost_usd"] > 0 and ends[seq]["usage"]["output_tokens"] > 0
+               for seq in ends)
+    status = subprocess.run([ENV["FTL_BIN"], "campaign", "status", "--repo", str(repo), "--json"],
+                            capture_output=True, text=True, env=ENV, timeout=60)
+    status_data = json.loads(status.stdout)["data"]
+    total = round(sum(e["total_cost_usd"] for e in ends.values()), 6)
+    assert status_data["campaign"]["cost_usd"] == total
+    assert {t["seq"]: t["cost_usd"] for t in status_data["tasks"]} == {
+        seq: e["total_cost_usd"] for seq, e in ends.items()}
+    with replay([sorted((repo / ".ftl" / "events").glob("*.jsonl"))[0]]) as result:
+        assert not result.violations
+        text = render_text(result)
+        html = render_html(result)
+    assert f"agent cost: ${total:.4f} total" in text
+    assert f"${ends['003']['total_cost_usd']:.4f} (3 turns)" in text
+    assert "agent cost (total)" in html and f"${total:.4f}" in html
+
+
+def _campaign(tmp_path: Path, tasks: list[dict], scenarios: dict, toml: str = "",
+              claude_toml: str = "", jobs: int = 1) -> tuple[int, Path, list[dict]]:
+    repo = tmp_path / "repo"
+    (repo / "app").mkdir(parents=True)
+    (repo / "app" / "__init__.py").write_text("")
+    (repo / "ftl.toml").write_text(
+        f'builder = "claude"\njobs = {jobs}\nretry_backoff_min_s = 0.05\n{toml}\n'
+        f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n{claude_toml}\n")
+    plan = {"objective": "stand-in campaign", "tasks": [
+        {"seq": t["seq"], "slug": t["slug"], "creates": [f"app/{t['slug']}.py"], "budget": 1,
+         "verify": f"test -f app/{t['slug']}.py", "depends": "none"} for t in tasks]}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    argv_dir = tmp_path / "argv"
+    proc = subprocess.run([ENV["FTL_BIN"], "campaign", "run", "stand-in campaign", "--plan",
+                           str(tmp_path / "plan.json"), "--repo", str(repo), "--json"],
+                          capture_output=True, text=True, timeout=180,
+                          env={**ENV, "FTL_STAND_IN_LOG": str(argv_dir),
+                               "FTL_STAND_IN_SCENARIOS": json.dumps(scenarios)})
+    return proc.returncode, repo, _argv_log(argv_dir) if argv_dir.exists() else []
+
+
+def test_a_stalled_builder_is_killed_and_resumed_in_the_same_session(tmp_path: Path) -> None:
+    code, repo, runs = _campaign(tmp_path, [{"seq": "001", "slug": "slow"}], {"slow": "stall_once"},
+                                 claude_toml="idle_timeout_s = 1")
+    assert code == 0
+    log = _events(repo)
+    (failure,) = [e for e in log if e["event"] == "TOOL_FAILURE"]
+    assert failure["error_type"] == "stalled" and failure["details"]["idle_timeout_s"] == 1
+    assert [e["decision"] for e in log if e["event"] == "FAILURE_CLASSIFIED"] == ["retry"]
+    first, second = runs
+    assert "--resume" not in first["argv"]
+    session = failure["details"]["session_id"]
+    assert second["argv"][second["argv"].index("--resume") + 1] == session
+    end = next(e for e in log if e["event"] == "TASK_END")
+    assert end["status"] == "complete" and end["session_id"] == session
+
+
+def test_error_max_turns_ends_the_task_budget_exhausted_and_observes(tmp_path: Path) -> None:
+    code, repo, runs = _campaign(tmp_path, [{"seq": "001", "slug": "big"}], {"big": "max_turns"})
+    assert code == 3
+    log = _events(repo)
+    (failure,) = [e for e in log if e["event"] == "TOOL_FAILURE"]
+    assert failure["error_type"] == "budget_exhausted" and failure["details"]["max_turns"] == 10
+    assert [e["decision"] for e in log if e["event"] == "FAILURE_CLASSIFIED"] == ["structural"]
+    assert not [e for e in log if e["event"] == "RETRY"]
+    end = next(e for e in log if e["event"] == "TASK_END")
+    assert (end["status"], end["error_type"]) == ("blocked", "budget_exhausted")
+    assert kind("budget_exhausted").route is Route.OBSERVE
+    assert "OBSERVE" in [e["state"] for e in log if e["event"] == "STATE_ENTRY"]
+    assert len(runs) == 1 and runs[0]["argv"][runs[0]["argv"].index("--max-turns") + 1] == "10"
+
+
+def test_max_cost_usd_stops_new_agent_starts(tmp_path: Path) -> None:
+    tasks = [{"seq": f"00{n}", "slug": f"mod-{n}"} for n in range(1, 4)]
+    code, repo, runs = _campaign(tmp_path, tasks, {}, toml="max_cost_usd = 0.02")
+    assert code == 3
+    ends = {e["task_seq"]: e for e in _events(repo) if e["event"] == "TASK_END"}
+    assert [ends[s]["status"] for s in ("001", "002", "003")] == ["complete", "complete", "blocked"]
+    assert ends["003"]["error_type"] == "budget_exhausted"
+    failure = next(e for e in _events(repo) if e["event"] == "TOOL_FAILURE")
+    assert "max_cost_usd" in failure["message"] and failure["task_seq"] == "003"
+    assert len(runs) == 2  # the third agent never started
+
+
+def test_claude_as_planner_clarify_then_plan_with_its_cost(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    (repo / "app").mkdir(parents=True)
+    (repo / "app" / "__init__.py").write_text("")
+    (repo / "ftl.toml").write_text(
+        'builder = "claude"\nplanner = "claude"\njobs = 1\n'
+        f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
+        subprocess.run(["git", *args], cwd=repo, check=True, capture_output=True)
+    argv_dir = tmp_path / "argv"
+    proc = subprocess.run([ENV["FTL_BIN"], "campaign", "run", "write a planned module", "--repo",
+                           str(repo), "--json"], capture_output=True, text=True, timeout=180,
+                          env={**ENV, "FTL_STAND_IN_LOG": str(argv_dir),
+                               "FTL_STAND_IN_SCENARIOS": json.dumps({"planner": "clarify_once"})})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = _events(repo)
+    decisions = [e for e in log if e["event"] == "PLAN_DECISION"]
+    assert [(d["decision"], d["tool"]) for d in decisions] == [("CLARIFY", "claude_planner"),
+                                                               ("PROCEED", "claude_planner")]
+    assert decisions[0]["questions"] == ["Which module should hold the greeting?"]
+    assert all(d["total_cost_usd"] == 0.031 for d in decisions)
+    runs = _argv_log(argv_dir)
+    assert [r["slug"] for r in runs] == ["planner", "planner", "planned"]
+    assert runs[0]["argv"][runs[0]["argv"].index("--agent") + 1] == "ftl:planner"
+    assert runs[0]["argv"][runs[0]["argv"].index("--max-turns") + 1] == "30"

@@ -1,0 +1,131 @@
+"""Claude Code's stream-json reader and the builder's outcome rules: pure, no processes.
+
+Event shapes are the ones Claude Code 2.1.329 prints (recorded with no login: see
+``test_claude_builder.py`` for the real CLI).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ftl.server.tools.claude import outcome
+from ftl.server.tools.claude_stream import StreamReader, limit_from_text, not_logged_in
+
+NOW = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
+SESSION = "3845e69e-702f-420d-b48d-3dc59bfd709e"
+
+
+def _result(**fields) -> str:
+    base = {"type": "result", "subtype": "success", "is_error": False, "session_id": SESSION,
+            "num_turns": 3, "duration_api_ms": 2100, "total_cost_usd": 0.0421, "result": "done",
+            "usage": {"input_tokens": 10, "output_tokens": 20, "cache_read_input_tokens": 30,
+                      "cache_creation_input_tokens": 40, "server_tool_use": {"x": 1}}}
+    return json.dumps({**base, **fields})
+
+
+def _read(*lines: str) -> StreamReader:
+    reader = StreamReader()
+    for line in lines:
+        reader.feed(line)
+    return reader
+
+
+def test_a_success_run_yields_session_cost_turns_and_tokens() -> None:
+    summary = _read(json.dumps({"type": "system", "subtype": "init", "session_id": SESSION}),
+                    json.dumps({"type": "assistant", "session_id": SESSION,
+                                "message": {"content": [{"type": "text", "text": "hi"}]}}),
+                    _result()).summary
+    assert summary.session_id == SESSION and summary.result_seen and summary.subtype == "success"
+    assert summary.cost_fields() == {
+        "total_cost_usd": 0.0421, "num_turns": 3, "duration_api_ms": 2100, "session_id": SESSION,
+        "usage": {"input_tokens": 10, "output_tokens": 20, "cache_read_input_tokens": 30,
+                  "cache_creation_input_tokens": 40}}
+    assert summary.errors == []
+
+
+def test_malformed_lines_and_unknown_events_are_counted_not_fatal() -> None:
+    summary = _read("not json", "[1, 2]", '{"no_type": 1}', '{"type": "assistant", "mess',
+                    json.dumps({"type": "telemetry_v9", "payload": {}}), "", _result()).summary
+    assert (summary.malformed_lines, summary.unknown_events, summary.events) == (4, 1, 2)
+    assert summary.total_cost_usd == 0.0421
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.text(max_size=80), st.binary(max_size=80),
+                          st.dictionaries(st.sampled_from(["type", "subtype", "session_id",
+                                                           "total_cost_usd", "usage", "message",
+                                                           "num_turns", "result", "is_error"]),
+                                          st.one_of(st.none(), st.booleans(), st.integers(),
+                                                    st.floats(allow_nan=False), st.text(max_size=10),
+                                                    st.sampled_from(["result", "assistant", "system"])),
+                                          max_size=6).map(json.dumps)), max_size=20))
+def test_the_reader_never_raises_and_counts_every_line(lines: list) -> None:
+    reader = StreamReader()
+    for line in lines:
+        reader.feed(line)
+    summary = reader.summary
+    non_blank = sum(1 for line in lines if (line.decode("utf-8", "replace") if isinstance(line, bytes)
+                                            else line).strip())
+    assert summary.events + summary.malformed_lines == non_blank
+    assert summary.total_cost_usd >= 0 and summary.num_turns >= 0
+    assert all(isinstance(v, int) and v >= 0 for v in summary.usage.values())
+
+
+def test_the_real_clis_not_logged_in_reply_is_recognised() -> None:
+    summary = _read(json.dumps({"type": "assistant", "session_id": SESSION, "error": "authentication_failed",
+                                "is_api_error_message": True,
+                                "message": {"content": [{"type": "text",
+                                                         "text": "Not logged in · Please run /login"}]}}),
+                    _result(is_error=True, result="Not logged in · Please run /login",
+                            total_cost_usd=0, api_error_status=None)).summary
+    assert any(not_logged_in(text) for text in summary.errors)
+    decided = outcome(summary, exit_code=1, stderr="", idle_timed_out=False, now=NOW)
+    assert decided["error_type"] == "agent_login_required"
+
+
+def test_usage_limit_with_an_epoch_reset() -> None:
+    reset = int((NOW + timedelta(hours=3)).timestamp())
+    limit = limit_from_text(f"Claude AI usage limit reached|{reset}", NOW)
+    assert limit is not None and limit.kind == "usage_limit"
+    assert limit.reopens_at == NOW + timedelta(hours=3) and limit.retry_after_ms == 3 * 3600 * 1000
+
+
+def test_usage_limit_with_a_clock_reset_in_a_named_zone() -> None:
+    limit = limit_from_text("You've hit your limit · resets 3pm (Europe/Paris)", NOW)
+    # 12:00 UTC is 13:00 in Paris (CET, UTC+1): 15:00 Paris is 14:00 UTC the same day.
+    assert limit is not None and limit.reopens_at == datetime(2026, 11, 24, 14, 0, tzinfo=timezone.utc)
+    earlier = limit_from_text("5-hour limit reached ∙ resets 9am", NOW)
+    assert earlier.reopens_at == datetime(2026, 11, 25, 9, 0, tzinfo=timezone.utc)  # tomorrow
+
+
+def test_a_429_with_retry_after_and_an_overloaded_api() -> None:
+    limit = limit_from_text('API Error: 429 {"error":{"type":"rate_limit_error"}} retry-after: 7', NOW)
+    assert limit.kind == "rate_limit" and limit.retry_after_ms == 7000
+    assert limit_from_text("API Error: 529 overloaded_error", NOW).reopens_at is None
+    assert limit_from_text("API Error: 500 internal", NOW) is None
+
+
+def test_outcome_rules() -> None:
+    def decide(*lines: str, exit_code: int | None = 0, **kw) -> dict:
+        return outcome(_read(*lines).summary, exit_code=exit_code, stderr=kw.get("stderr", ""),
+                       idle_timed_out=kw.get("idle", False), now=NOW)
+
+    assert decide(_result(result='{"status": "complete", "delivered": "a.py"}')) == {
+        "status": "complete", "error_type": None, "delivered": "a.py", "reason": None, "utilized": []}
+    blocked = decide(_result(result='{"status": "blocked", "reason": "needs a key"}'))
+    assert (blocked["status"], blocked["reason"]) == ("blocked", "needs a key")
+    assert decide(_result(subtype="error_max_turns", is_error=True), exit_code=1)["error_type"] \
+        == "budget_exhausted"
+    assert decide(_result(subtype="error_during_execution", is_error=True),
+                  exit_code=1)["error_type"] == "task_failed"
+    assert decide(json.dumps({"type": "system", "subtype": "init", "session_id": SESSION}),
+                  exit_code=3)["reason"].startswith("Claude Code ended without a result event")
+    assert decide(exit_code=None, idle=True)["error_type"] == "stalled"
+    limited = decide(json.dumps({"type": "system", "subtype": "api_retry", "error_status": 429,
+                                 "retry_delay_ms": 1500, "error": "rate_limit"}),
+                     _result(is_error=True, result="API Error: 429 rate limited"), exit_code=1)
+    assert limited["error_type"] == "rate_limited" and limited["limit_kind"] == "rate_limit"
