@@ -88,7 +88,7 @@ def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Pa
     """The build finishes after ftl died: it records its own checkpoint, the resume waits for
     it instead of starting it again, and the build command completes exactly once."""
     repo, marker = _repo(tmp_path), tmp_path / "built"
-    run = f"touch {tmp_path / 'started'}; sleep 3; echo ok > out.txt; echo done >> {marker}"
+    run = f"touch {tmp_path / 'started'}; sleep 8; echo ok > out.txt; echo done >> {marker}"
     _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=60)
     data, events = _resume(repo)
     assert data["exit_code"] == 0, data
