@@ -548,6 +548,11 @@ class Runner:
         if reaped:
             run.recovery.recovery(strategy="reap_orphans", success=True, state=state.value,
                                   groups=reaped)
+        if run.worktrees is not None:  # git calls the kill cut short leave their lock files
+            released = run.worktrees.release_stale_locks()
+            if released:
+                run.recovery.recovery(strategy="release_git_locks", success=True,
+                                      state=state.value, files=released)
 
     def _fail(self, run: Run, machine: CampaignMachine, state: State,
               exc: BaseException) -> RunResult | None:

@@ -336,6 +336,47 @@ class Worktrees:
                     seqs.append(seq.strip())
         return seqs
 
+    # --- after a crash ---
+    def release_stale_locks(self) -> list[str]:
+        """Remove the lock files a killed git call of this campaign left behind, so that the
+        resumed run's git calls do not fail on them: ``<ref>.lock`` under the campaign's refs,
+        and ``index.lock`` / ``HEAD.lock`` / ``locked`` (a ``git worktree add`` killed midway)
+        of its task worktrees. Only safe while no git call of the campaign runs: the resume
+        calls it holding the run lock, after the crashed run's commands were reaped.
+
+        Returns:
+            The removed files, relative to git's common directory, sorted. Never raises.
+        """
+        try:
+            common = Path(self.git.out("rev-parse", "--git-common-dir"))
+        except GitError:
+            return []
+        common = common if common.is_absolute() else (self.repo / common)
+        stale: list[Path] = []
+        refs = common / "refs" / "heads" / "ftl" / self.campaign_id
+        if refs.is_dir():
+            stale += refs.rglob("*.lock")
+        if (refs.parent / f"{self.campaign_id}.lock").exists():
+            stale.append(refs.parent / f"{self.campaign_id}.lock")
+        ours = (self.repo / WORKTREES_DIR).resolve()
+        admin_root = common / "worktrees"
+        for admin in admin_root.iterdir() if admin_root.is_dir() else []:
+            try:
+                target = Path((admin / "gitdir").read_text().strip()).resolve()
+            except OSError:
+                continue
+            if target.is_relative_to(ours):
+                stale += [admin / name for name in ("index.lock", "HEAD.lock", "locked")
+                          if (admin / name).exists()]
+        removed = []
+        for path in stale:
+            try:
+                path.unlink()
+                removed.append(path.relative_to(common).as_posix())
+            except OSError:
+                continue
+        return sorted(removed)
+
     # --- cleaning up ---
     def remove(self, name: str) -> None:
         """Remove task ``name``'s worktree (its branch stays). Idempotent."""

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftl.errors import FtlError
+from ftl.vcs.git import GitError
 from ftl.vcs.land import clean, land
 from ftl.vcs.worktrees import MergeConflict, Worktrees, probe, spec_digest
 
@@ -180,3 +181,23 @@ def test_finish_and_clean_remove_worktrees_and_keep_unintegrated_work(repo: Path
     assert result["removed"] == ["001-left"]
     assert active.path_of("001-live").exists()
     assert "ftl/c-7/task/002-two" in result["kept_branches"]
+
+
+def test_locks_left_by_killed_git_calls_are_released_after_a_crash(repo: Path) -> None:
+    trees = Worktrees(repo, "c-10")
+    tree, _, commit = finished_task(trees, "001-a", "a.txt", "a\n")
+    common = repo / ".git"
+    ref_lock = common / "refs" / "heads" / "ftl" / "c-10" / "integration.lock"
+    ref_lock.parent.mkdir(parents=True, exist_ok=True)
+    ref_lock.write_text("")
+    (admin,) = (common / "worktrees").iterdir()
+    (admin / "index.lock").write_text("")
+    (admin / "locked").write_text("initializing")
+    with pytest.raises(GitError):
+        trees.integrate(commit, name="001-a")  # what the resumed run would meet
+    assert trees.release_stale_locks() == [
+        "refs/heads/ftl/c-10/integration.lock", f"worktrees/{admin.name}/index.lock",
+        f"worktrees/{admin.name}/locked"]
+    assert trees.integrate(commit, name="001-a").fast_forward
+    assert trees.prepare("001-a").path == tree.path  # the worktree is usable again
+    assert trees.release_stale_locks() == []
