@@ -192,20 +192,27 @@ class Worktrees:
         self.integration = integration_branch(campaign_id)
         self._refs_lock = threading.Lock()
         self._integration_lock = threading.Lock()
+        # The integration head as last read or moved here: one driver per repository (the run
+        # lock) moves it, so the git call that would read it again is saved.
+        self._head: str | None = None
 
     # --- the integration branch ---
     def ensure_integration(self) -> str:
         """The integration head; the branch is created at ``HEAD`` when it does not exist yet."""
         with self._refs_lock:
+            if self._head is not None:
+                return self._head
             existing = self._resolve(self.integration)
             if existing:
+                self._head = existing
                 return existing
             head = self.git.out("rev-parse", "--verify", "HEAD^{commit}")
             self.git.run("branch", "--no-track", self.integration, head)
+            self._head = head
             return head
 
     def head(self) -> str | None:
-        """The integration head, or None before the branch exists."""
+        """The integration head, or None before the branch exists (read from git)."""
         return self._resolve(self.integration)
 
     def is_integrated(self, commit: str) -> bool:
@@ -306,7 +313,7 @@ class Worktrees:
         with self._integration_lock:
             head = self.ensure_integration()
             if task.base == head:  # nothing integrated since the task started: fast-forward
-                self.git.run("update-ref", f"refs/heads/{self.integration}", task.commit, head)
+                self._move(task.commit, head)
                 return Integration(head=task.commit, previous=head, fast_forward=True)
             if self.git.ok("merge-base", "--is-ancestor", task.commit, head):
                 return Integration(head=head, previous=head, already=True)
@@ -320,8 +327,18 @@ class Worktrees:
                        + "".join(f"{key}: {value}\n" for key, value in task.trailers.items()))
             new = Git(self.repo, self._identity(name)).out(
                 "commit-tree", tree.strip(), "-p", head, "-p", task.commit, "-F", "-", input=message)
-            self.git.run("update-ref", f"refs/heads/{self.integration}", new, head)
+            self._move(new, head)
             return Integration(head=new, previous=head)
+
+    def _move(self, new: str, old: str) -> None:
+        """Move the integration branch from ``old`` to ``new`` (compare-and-swap: git refuses
+        if it is not at ``old``, e.g. moved by hand; the cached head is then dropped)."""
+        try:
+            self.git.run("update-ref", f"refs/heads/{self.integration}", new, old)
+        except GitError:
+            self._head = None
+            raise
+        self._head = new
 
     def _tasks_touching(self, base: str, head: str, paths: list[str]) -> list[str]:
         if not paths:

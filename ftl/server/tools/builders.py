@@ -73,6 +73,11 @@ def _run_in_scope(ws: Workspace, args: Any, ctx: ToolContext, command: str | lis
     """Run ``command`` between two tree snapshots; return the result and the change keys.
     ``stream``: `run_command`'s ``on_stdout_line`` / ``idle_timeout_s`` (the Claude builder)."""
     cwd = resolve_workdir(ctx, ws.workdir, "$.workspace.workdir")
+    if ws.base_commit:  # a task worktree: the runner diffs the task's commit against its base
+        result = run_command(command, cwd=cwd, timeout_s=ws.timeout_s, cancel=ctx.cancel,
+                             stdin=stdin, env=_env(ws), output_limit_bytes=limit,
+                             ledger=ctx.repo / LEDGER_DIR, **stream)
+        return result, {"files_changed": [], "out_of_scope": [], "change_detection": "commit"}
     method, before = snapshot_tree(cwd)
     result = run_command(command, cwd=cwd, timeout_s=ws.timeout_s, cancel=ctx.cancel,
                          stdin=stdin, env=_env(ws), output_limit_bytes=limit,
