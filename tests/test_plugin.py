@@ -159,9 +159,12 @@ def _click_command(tokens: list[str]):
     options = set()
     while True:
         options |= {o for p in command.params for o in (*p.opts, *p.secondary_opts)}
-        if not (isinstance(command, click.Group) and rest and rest[0] in command.commands):
+        # get_command, not .commands: a lazy subcommand is imported on first use.
+        sub = (command.get_command(click.Context(command), rest[0])
+               if isinstance(command, click.Group) and rest else None)
+        if sub is None:
             return command, options
-        command, rest = command.commands[rest[0]], rest[1:]
+        command, rest = sub, rest[1:]
 
 
 @pytest.mark.parametrize("path", COMMANDS, ids=lambda p: p.stem)
@@ -671,12 +674,24 @@ def test_claude_mcp_list_reports_ftl_connected(claude, tmp_path: Path):
     assert _connected(from_manifest.stdout, "plugin:ftl:ftl"), from_manifest.stdout + from_manifest.stderr
 
 
+def test_every_documented_ftl_toml_block_is_a_valid_configuration(tmp_path: Path):
+    """Each ```toml block of docs/claude-code.md loads as an ftl.toml (no unknown keys)."""
+    from ftl.config import load_config
+
+    blocks = fenced(ROOT / "docs" / "claude-code.md", "toml")
+    assert len(blocks) >= 2
+    for block in blocks:
+        (tmp_path / "ftl.toml").write_text(block, encoding="utf-8")
+        load_config(None, tmp_path)
+
+
 def test_claude_accepts_the_documented_command_templates(claude, tmp_path: Path):
     """agent_command and planner_command exactly as docs/claude-code.md gives them, with the
     agent swapped for a missing one: the CLI parses every flag (an unknown one is refused with
     "unknown option") and refuses the agent before any model call, listing the agents that
     exist, which must include the documented one."""
-    (toml_block,) = fenced(ROOT / "docs" / "claude-code.md", "toml")
+    (toml_block,) = [block for block in fenced(ROOT / "docs" / "claude-code.md", "toml")
+                     if "agent_command" in block]
     templates = tomllib.loads(toml_block)
     assert set(templates) == {"agent_command", "planner_command"}
     for key, argv in templates.items():
