@@ -31,15 +31,26 @@ Checkpoints, so that a task's run command completes at most once across retries 
   completed) to an earlier built one, and stops at a blocked or cancelled attempt or a changed
   task spec.
 
+Build and verify commands outlive a killed ftl (no parent-death signal, a ledger entry with a
+deadline): the shell still writes the checkpoint when the command ends, and the resume waits
+for such commands before anything runs again (`ftl.runner.Runner._reap_orphans`), so a
+command that was about to finish is not killed unrecorded and then repeated.
+
 The remaining at-least-once window: a run command may run again when the runner cannot know
 it completed, namely (1) the previous try's command is still running when the retry starts
 (only possible when the client gave up while the server keeps the command going, e.g. a remote
 server after a network error); (2) the tool server does not share the runner's file system (a
-remote HTTP or ``stdio:`` server elsewhere), so the checkpoint is not visible; (3) the shell is
-killed between the command's exit 0 and the checkpoint write (one shell builtin); (4) agent
-builds, which have no checkpoint: a lost reply or a crash runs the agent again. A command that
-failed (non-zero exit) is run again by design. A build taken from a checkpoint has no change
-list (it was in the lost reply), so the file-scope check is skipped for it; verify still runs.
+remote HTTP or ``stdio:`` server elsewhere), so the checkpoint is not visible; (3) leftovers
+killed at once (``ftl campaign resume --kill-leftovers``) or past their deadline; (4) agent
+builds without a checkpoint: a lost reply runs the agent again. A command that failed
+(non-zero exit) is run again by design. A build taken from a checkpoint has no change list (it
+was in the lost reply), so in a shared checkout the file-scope check is skipped for it; verify
+still runs.
+
+With worktree isolation (`_attempt_in_worktree`, `ftl.vcs.worktrees`) the task runs in its own
+worktree from the integration head; the scope check is the staged diff against that base (also
+for a reused build), the idiom check runs on the same files, and the verified result is a
+commit integrated into the campaign's branch. The commit is the record resume looks for first.
 """
 
 from __future__ import annotations
