@@ -510,10 +510,21 @@ def _attempts_table(result: Replay) -> str:
             _e(a.retries), _e(", ".join(a.recoveries or ()) or "-"),
             _e("-" if a.cost_usd is None else f"${a.cost_usd:.4f}"
                + (f" · {a.num_turns} turns" if a.num_turns else "")),
+            _commit_cell(result, a),
             f'<td class="msg">{_e(errors or "-")}</td>',
         ])
     return _table(["task", "attempt", "worker", "run", "start", "duration", "outcome", "retries",
-                   "recoveries", "cost", "failures (every attempt's)"], rows, "No task was started.")
+                   "recoveries", "cost", "commit (integration #)", "failures (every attempt's)"],
+                  rows, "No task was started.")
+
+
+def _commit_cell(result: Replay, attempt: Any) -> str:
+    """The attempt's task commit (worktree isolation) and its place in the integration order."""
+    if not attempt.commit:
+        return "-"
+    info = result.tasks[attempt.seq] if attempt.seq in result.tasks else None
+    order = f" (#{info.integrated})" if info is not None and info.integrated else ""
+    return f"<code>{_e(attempt.commit[:12])}</code>{_e(order)}"
 
 
 def _states_table(result: Replay) -> str:

@@ -667,35 +667,44 @@ def test_memory_does_not_grow_with_the_number_of_events(tmp_path: Path) -> None:
     assert _peak_bytes(large) < _peak_bytes(small) + 64 * 1024
 
 
-def test_memory_does_not_grow_with_the_number_of_task_attempts(tmp_path: Path, monkeypatch) -> None:
+_PEAKS = r"""
+import json, sys, tracemalloc
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import ftl.spool
+from bench_replay import generate
+from ftl.replay import replay, text_lines
+
+ftl.spool.TASK_CACHE = 256
+out = []
+for events in (4_000, 4_000, 32_000):  # the first: warm-up (SQLite statements, decoders)
+    path = Path(sys.argv[2]) / f"{events}.jsonl"
+    generate(path, events, seed=3)
+    tracemalloc.start()
+    with replay([path]) as result:
+        lines = sum(1 for _ in text_lines(result))
+        attempts = len(result.attempts)
+    assert lines > attempts
+    out.append((tracemalloc.get_traced_memory()[1], attempts))
+    tracemalloc.stop()
+print(json.dumps(out[1:]))
+"""
+
+
+def test_memory_does_not_grow_with_the_number_of_task_attempts(tmp_path: Path) -> None:
     """The story itself (attempts, failures, retries, tasks) goes to the spool: eight times the
     tasks cost no more memory to replay and render as text (the task cache is made small so the
-    bound shows at test sizes; the bench shows it at a million events with the defaults)."""
+    bound shows at test sizes; the bench shows it at a million events with the defaults).
+    Measured in a fresh interpreter: what earlier tests left in this one's caches must not
+    count."""
+    import subprocess
     import sys
 
-    import ftl.spool
-    from ftl.replay import text_lines
-
-    sys.path.insert(0, str(Path(__file__).parent.parent / "bench"))
-    from bench_replay import generate
-
-    monkeypatch.setattr(ftl.spool, "TASK_CACHE", 256)
-
-    def peak(events: int) -> tuple[int, int]:
-        path = tmp_path / f"{events}.jsonl"
-        generate(path, events, seed=3)
-        tracemalloc.start()
-        try:
-            with replay([path]) as result:
-                lines = sum(1 for _ in text_lines(result))
-                attempts = len(result.attempts)
-            assert lines > attempts
-            return tracemalloc.get_traced_memory()[1], attempts
-        finally:
-            tracemalloc.stop()
-
-    peak(4_000)  # warm-up: first uses allocate caches once (SQLite statements, decoders)
-    (small, small_attempts), (large, large_attempts) = peak(4_000), peak(32_000)
+    bench = Path(__file__).parent.parent / "bench"
+    done = subprocess.run([sys.executable, "-c", _PEAKS, str(bench), str(tmp_path)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (small, small_attempts), (large, large_attempts) = json.loads(done.stdout)
     assert large_attempts > 7 * small_attempts
     # Before the spool each attempt kept ~0.9 KB and each task ~0.3 KB: the larger log's 6,000
     # more attempts were ~7 MB more. What remains are fixed-size buffers (a batch of cascade
