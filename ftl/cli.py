@@ -311,6 +311,9 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
                  else "") for t in data["tasks"]]
     if record.get("cost_usd") is not None:
         lines.append(f"  agent cost: ${record['cost_usd']:.4f} total")
+    if record.get("integration_branch"):
+        lines.append(f"  work on branch {record['integration_branch']} "
+                     "(take it with `ftl campaign land`)")
     _emit(envelope.success(data), as_json, "\n".join(lines))
     return 0
 

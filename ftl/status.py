@@ -18,7 +18,9 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
     """``{"campaign": {...}, "tasks": [...], "cascade": {...}}`` or None when there is none.
 
     ``campaign.cost_usd`` and each task's ``cost_usd`` / ``num_turns``: agent spend in USD and
-    turns (None when no agent build reported a cost).
+    turns (None when no agent build reported a cost). ``campaign.isolation``: ``worktree`` or
+    ``shared``; ``campaign.integration_branch``: the branch that receives the work (worktree
+    isolation), else None.
 
     Args:
         repo: the target repository.
@@ -46,6 +48,10 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
     known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]
     campaign = {key: record.get(key) for key in CAMPAIGN_KEYS}
     campaign["cost_usd"] = round(sum(known), 6) if known else None
+    # Where the campaign's work goes: named from the stored decision, no git call (light command).
+    campaign["isolation"] = (record.get("inputs") or {}).get("isolation") or "shared"
+    campaign["integration_branch"] = (f"ftl/{record['id']}/integration"
+                                      if campaign["isolation"] == "worktree" else None)
     return {"campaign": campaign,
             "tasks": rows, "cascade": cascade}
 

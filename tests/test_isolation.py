@@ -63,6 +63,10 @@ def test_parallel_edits_complete_and_leave_the_checkout_alone(tmp_path: Path, jo
     validator = jsonschema.Draft202012Validator(schema)
     assert [error.message for e in log for error in validator.iter_errors(e)] == []
     assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
+    status = subprocess.run([*FTL, "campaign", "status", "--repo", str(repo), "--json"],
+                            capture_output=True, text=True, env=ENV, timeout=60)
+    campaign = json.loads(status.stdout)["data"]["campaign"]
+    assert (campaign["isolation"], campaign["integration_branch"]) == ("worktree", branch)
     # Landing fast-forwards the user's branch.
     landed = subprocess.run([*FTL, "campaign", "land", "--repo", str(repo), "--json"],
                             capture_output=True, text=True, env=ENV, timeout=60)
