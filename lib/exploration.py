@@ -146,6 +146,18 @@ def _git_sha(env: Env, *, ftl: bool = False) -> str:
     return done.stdout.strip() if done.returncode == 0 and done.stdout.strip() else "unknown"
 
 
+def _best_per_mode(rows: list[dict]) -> dict[str, dict[str, Any]]:
+    """Per mode, the result with the best status (ok > partial > error > anything else), the
+    newer row on a tie (rows oldest first)."""
+    best: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        result = row["result"] if isinstance(row["result"], dict) else {}
+        current = best.get(row["mode"])
+        if current is None or _RANK.get(result.get("status"), 0) >= _RANK.get(current.get("status"), 0):
+            best[row["mode"]] = result
+    return best
+
+
 def aggregate(rows: list[dict], objective: str) -> dict[str, Any]:
     """FTL's aggregation of explorer result rows (oldest first) into an exploration.
 
@@ -154,12 +166,7 @@ def aggregate(rows: list[dict], objective: str) -> dict[str, Any]:
     EXPLORE state, so a planner sees what is missing. Returns ``{_meta: {version: "1.0",
     objective, modes_completed}, structure, pattern, memory, delta}``.
     """
-    best: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        result = row["result"] if isinstance(row["result"], dict) else {}
-        current = best.get(row["mode"])
-        if current is None or _RANK.get(result.get("status"), 0) >= _RANK.get(current.get("status"), 0):
-            best[row["mode"]] = result
+    best = _best_per_mode(rows)
     exploration: dict[str, Any] = {"_meta": {
         "version": "1.0", "objective": objective,
         "modes_completed": sorted(m for m, r in best.items() if r.get("status") in ("ok", "partial"))}}
@@ -220,12 +227,7 @@ def ftl_aggregate(rows: list[dict], objective: str | None, meta: dict[str, Any])
     """FTL's aggregation: ``{_meta: {version, created_at, git_sha, objective}, <mode>: result}``
     for the modes that have a result only; a mode whose best result is not ok/partial shows as
     ``{mode, status: "error", _error, ...its directories/framework/confidence/candidates/idioms}``."""
-    best: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        result = row["result"] if isinstance(row["result"], dict) else {}
-        current = best.get(row["mode"])
-        if current is None or _RANK.get(result.get("status"), 0) >= _RANK.get(current.get("status"), 0):
-            best[row["mode"]] = result
+    best = _best_per_mode(rows)
     out: dict[str, Any] = {"_meta": {"version": "1.0", "created_at": meta["created_at"],
                                      "git_sha": meta.get("ftl_git_sha", meta["git_sha"]), "objective": objective}}
     for mode, result in best.items():

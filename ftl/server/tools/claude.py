@@ -46,7 +46,7 @@ from ftl.server.tools.builders import (AGENT_STDOUT_LIMIT, _base, _run_in_scope,
                                        _workspace, parse_build_result)
 from ftl.server.tools.claude_stream import StreamReader, StreamSummary, limit_from_text, not_logged_in
 from ftl.server.tools.context import ToolContext
-from ftl.server.tools.planner import parse_planner_output
+from ftl.server.tools.planner import PlannerInput, parse_planner_output
 from ftl.server.tools.proc import run_command
 
 _MISSING_AGENT = re.compile(r"--agent '([^']{1,100})' not found")
@@ -191,14 +191,7 @@ def claude_builder(args: ClaudeBuildArgs, ctx: ToolContext,
     return out
 
 
-class ClaudePlannerArgs(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    objective: str = Field(min_length=1, description="The campaign objective.")
-    exploration: dict[str, Any] = Field(default_factory=dict,
-                                        description="Aggregated explorer results.")
-    replan: dict[str, Any] | None = Field(
-        None, description="Re-plan input (completed/blocked/remaining tasks); selects replan mode.")
-    timeout_s: float = Field(600.0, gt=0, description="Time limit for the planner, s.")
+class ClaudePlannerArgs(PlannerInput):
     claude: ClaudeSettings | None = Field(None, description="Server-bound: the [claude] table.")
 
 

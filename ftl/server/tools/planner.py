@@ -32,15 +32,20 @@ class LoadPlanArgs(BaseModel):
     plan: dict[str, Any] = Field(description="The plan as FTL plan.json (objective, tasks, ...).")
 
 
-class AgentPlannerArgs(BaseModel):
+class PlannerInput(BaseModel):
+    """What every planner tool receives (the agent planner and the Claude planner)."""
+
     model_config = ConfigDict(extra="forbid")
     objective: str = Field(min_length=1, description="The campaign objective.")
     exploration: dict[str, Any] = Field(default_factory=dict,
                                         description="Aggregated explorer results.")
     replan: dict[str, Any] | None = Field(
         None, description="Re-plan input (completed/blocked/remaining tasks); selects replan mode.")
-    command: list[str] = Field(min_length=1, description="Planner agent command (argv).")
     timeout_s: float = Field(600.0, gt=0, description="Time limit for the planner, s.")
+
+
+class AgentPlannerArgs(PlannerInput):
+    command: list[str] = Field(min_length=1, description="Planner agent command (argv).")
 
 
 def load_plan(args: LoadPlanArgs, ctx: ToolContext) -> dict[str, Any]:
