@@ -1,4 +1,4 @@
-"""Benchmark: `ftl.replay.replay` on a large event log against a bare parse of the same file.
+"""Benchmark: `ftl.postmortem.replay.replay` on a large event log against a bare parse of the same file.
 
 The script writes a seeded, realistic campaign log (default 1,000,000 events) into a temporary
 directory: a run that registers a large plan and executes it with 8 workers, where some builds
@@ -11,7 +11,7 @@ Then it measures, each in a fresh subprocess (so peak memory is the process's ow
 
 - ``parse``: ``json.loads`` of every line, nothing kept: the baseline of the target;
 - ``orjson``: ``orjson.loads`` of every line (the parser replay uses), for reference;
-- ``import``: a process that only imports ``ftl.replay`` (the memory floor of any replay);
+- ``import``: a process that only imports ``ftl.postmortem.replay`` (the memory floor of any replay);
 - ``replay``: the full postmortem (invariants, timeline, attempts, failures, cascade);
 - ``replay+text``: that, then the text postmortem streamed to /dev/null (``ftl replay LOG``).
 
@@ -242,7 +242,7 @@ def measure(mode: str, path: Path) -> dict[str, object]:
     extra: dict[str, object] = {}
     if mode == "import":
         started = time.perf_counter()
-        import ftl.replay  # noqa: F401
+        import ftl.postmortem.replay  # noqa: F401
 
         events = 0
     elif mode in ("parse", "orjson"):
@@ -259,7 +259,7 @@ def measure(mode: str, path: Path) -> dict[str, object]:
                 loads(line)
                 events += 1
     else:
-        from ftl.replay import replay, text_lines
+        from ftl.postmortem.replay import replay, text_lines
 
         started = time.perf_counter()  # throughput: the import's one-time cost is the "import" row
         with replay([path]) as result:

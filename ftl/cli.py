@@ -439,9 +439,9 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 def _register_optional_commands() -> None:
     """Commands whose modules are heavy, imported only when they run (`ftl.clickutil.LazyGroup`);
     the summaries are their help's first paragraph (tests/test_cold_start.py keeps them equal)."""
-    main.add_lazy_command("replay", "ftl.cli_replay:replay_command",
+    main.add_lazy_command("replay", "ftl.postmortem.cli:replay_command",
                           "Rebuild a campaign's run from its event log(s) and check the protocol's invariants.")
-    main.add_lazy_command("diagram", "ftl.cli_replay:diagram",
+    main.add_lazy_command("diagram", "ftl.postmortem.cli:diagram",
                           "Mermaid diagrams of the state machine and of a plan's DAG.")
     main.add_lazy_command("serve", "ftl.server.serve:serve",
                           "Run ftl's embedded MangleCP server (protocol 2026-02-draft).")

@@ -324,7 +324,7 @@ def _cascade(server: "FtlMcpServer", args: CascadeAnalysisArgs, call: CallContex
 def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> Outcome:
     cid = call.correlation_id
     from ftl.events import log_path
-    from ftl.replay import replay
+    from ftl.postmortem.replay import replay
 
     repo = server.resolve_repo(args.repo)
     path = server.resolve_path(repo, args.path)

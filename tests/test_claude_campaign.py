@@ -13,8 +13,8 @@ from pathlib import Path
 
 from ftl.errors import Route, kind
 from ftl.events import read_events
-from ftl.postmortem import render_html
-from ftl.replay import render_text, replay
+from ftl.postmortem.html import render_html
+from ftl.postmortem.replay import render_text, replay
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "claude-builder"

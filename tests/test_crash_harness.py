@@ -79,7 +79,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from ftl.events import read_events
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 from ftl.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

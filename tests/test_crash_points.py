@@ -30,7 +30,7 @@ from ftl.machine import Flow, State
 from ftl.manglecp.client import MAX_RETRIES, ManglecpClient
 from ftl.manglecp.transport import InProcessTransport
 from ftl.models import Plan
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 from ftl.runner import Next, Runner
 from ftl.server.app import build_server, connect as app_connect
 from ftl.states import HANDLERS

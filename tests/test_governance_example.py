@@ -18,7 +18,7 @@ from ftl.errors import FtlError
 from ftl.events import read_events
 from ftl.gate import Gatekeeper
 from ftl.models import Plan
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 from ftl.server.catalog import TOOL_SPECS
 from ftl.workspaces import build_workspace
 

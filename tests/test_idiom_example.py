@@ -14,7 +14,7 @@ import pytest
 
 from ftl.events import read_events
 from ftl.idioms import check_idioms, violation_error
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 from ftl.validation import load_plan_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ import jsonschema
 import pytest
 
 from ftl.events import read_events
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "parallel-edits"

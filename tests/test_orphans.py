@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from ftl.events import read_events
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 
 FTL = [sys.executable, "-m", "ftl"]
 

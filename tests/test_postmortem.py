@@ -1,4 +1,4 @@
-"""Tests for ftl.postmortem: the HTML report of the real failure drill logs (clean, and killed
+"""Tests for ftl.postmortem.html: the HTML report of the real failure drill logs (clean, and killed
 then resumed), escaping of hostile log text, the time axis with a long crash gap, the DAG
 layout on generated graphs, and a render in headless Chromium that must log no console message
 (a CSP violation, a failed load, a script error) and lay out every SVG with real geometry."""
@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftl.errors import kind
-from ftl.postmortem import CSP, _layers, _TimeAxis, render_html
-from ftl.replay import Replay, TaskInfo, diff_decisions, replay
+from ftl.postmortem.html import CSP, _layers, _TimeAxis, render_html
+from ftl.postmortem.replay import Replay, TaskInfo, diff_decisions, replay
 
 LOGS = Path(__file__).parent / "logs"
 DRILL = LOGS / "drill.jsonl"

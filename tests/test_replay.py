@@ -1,4 +1,4 @@
-"""Tests for ftl.replay: hand-built logs in tests/logs/ (one clean run, one file per planted
+"""Tests for ftl.postmortem.replay: hand-built logs in tests/logs/ (one clean run, one file per planted
 violation, a crash and its resume, a torn tail), two real logs of the failure drill (a clean run
 and a run killed mid-EXECUTE then resumed into the same file), logs built here to break one rule
 at a time, a log written by the real recovery protocol, the decision diff, the CLI, and a
@@ -21,7 +21,7 @@ from ftl import events as ev
 from ftl.cli import main as ftl_main
 from ftl.errors import FtlError
 from ftl.recovery import RecoveryProtocol, RetryPolicy, escalate_flaky
-from ftl.replay import RULES, Replay, diff_decisions, render_diff_text, render_text, replay
+from ftl.postmortem.replay import RULES, Replay, diff_decisions, render_diff_text, render_text, replay
 
 LOGS = Path(__file__).parent / "logs"
 DRILL = LOGS / "drill.jsonl"
@@ -671,11 +671,11 @@ _PEAKS = r"""
 import json, sys, tracemalloc
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-import ftl.spool
+import ftl.postmortem.spool
 from bench_replay import generate
-from ftl.replay import replay, text_lines
+from ftl.postmortem.replay import replay, text_lines
 
-ftl.spool.TASK_CACHE = 256
+ftl.postmortem.spool.TASK_CACHE = 256
 out = []
 for events in (4_000, 4_000, 32_000):  # the first: warm-up (SQLite statements, decoders)
     path = Path(sys.argv[2]) / f"{events}.jsonl"
@@ -754,7 +754,7 @@ def test_a_crashed_run_differs_from_a_clean_one_where_work_was_redone() -> None:
 
 def _reference_diff(a: list[dict], b: list[dict], context: int = 3) -> list[tuple]:
     """The diff by definition: every lane's decisions in lists, compared position by position."""
-    from ftl.replay import DECISION_FIELDS, _field_text, _lane
+    from ftl.postmortem.replay import DECISION_FIELDS, _field_text, _lane
 
     def lanes(events: list[dict]) -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = {}
@@ -899,7 +899,7 @@ _FIELDS = ["state", "task_seq", "op_id", "failure_seq", "decision", "klass", "er
                           st.dictionaries(st.sampled_from(_FIELDS), _ANY, max_size=6)), max_size=25))
 def test_replay_never_raises_on_arbitrary_events(tmp_path: Path, items: list) -> None:
     """Bad input gives violations, never a traceback; every renderer copes with it."""
-    from ftl.postmortem import render_html
+    from ftl.postmortem.html import render_html
 
     records = [{**fields, "event": name, "seq": seq, "campaign_id": "c-fuzz"} for name, seq, fields in items]
     path = tmp_path / "fuzz.jsonl"
@@ -990,12 +990,12 @@ def test_cli_says_what_to_do_when_the_spool_cannot_be_written(monkeypatch) -> No
     clear error (exit 2, what to set), not a traceback."""
     import sqlite3
 
-    import ftl.spool
+    import ftl.postmortem.spool
 
     def unwritable(self, sql, rows):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(ftl.spool.Spool, "write", unwritable)
+    monkeypatch.setattr(ftl.postmortem.spool.Spool, "write", unwritable)
     result = _cli(str(DRILL), "--json")
     assert result.exit_code == 2
     payload = json.loads(result.output)
@@ -1028,7 +1028,7 @@ def _blocked_tasks_log(path: Path, count: int) -> Path:
 def test_settling_failures_is_linear_in_the_tasks(tmp_path: Path, monkeypatch) -> None:
     """A task's end looks at that task's open failures only: failures that keep no outcome (a
     structural block without a recovery event) must not be rescanned at every later task end."""
-    from ftl import replay as replay_module
+    from ftl.postmortem import replay as replay_module
 
     looked = [0]
     held = replay_module._Checker._held

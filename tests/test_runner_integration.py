@@ -17,7 +17,7 @@ from ftl.config import Config
 from ftl.errors import FtlError, REGISTRY, Route
 from ftl.events import read_events
 from ftl.machine import Flow, Tracked
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 from ftl.runner import Finish, Next, Runner
 from ftl.store import Store
 

@@ -1,6 +1,6 @@
-"""Tests for ftl.spool: `Records` against the list it replaces (any settle order, tiny batches),
+"""Tests for ftl.postmortem.spool: `Records` against the list it replaces (any settle order, tiny batches),
 `TaskTable` against a dict under random adds, mutations and evictions with a tiny cache, and
-`ftl.replay` with a tiny spool against the defaults (the generated benchmark log and every log in
+`ftl.postmortem.replay` with a tiny spool against the defaults (the generated benchmark log and every log in
 tests/logs/), the streamed lazy JSON against the eager one, and `Replay` closing its database."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ftl.replay as replay_module
-import ftl.spool as spool
-from ftl.replay import Replay, _codec, render_text, replay, write_json
-from ftl.spool import Records, Spool, TaskTable, task_sort_key
+import ftl.postmortem.replay as replay_module
+import ftl.postmortem.spool as spool
+from ftl.postmortem.replay import Replay, _codec, render_text, replay, write_json
+from ftl.postmortem.spool import Records, Spool, TaskTable, task_sort_key
 
 ROOT = Path(__file__).resolve().parent.parent
 LOGS = Path(__file__).parent / "logs"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ftl.events import read_events
-from ftl.replay import replay
+from ftl.postmortem.replay import replay
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ same file, so one file may hold several runs; a crashed run's log and its resume
 be given as two files). A new ``RUN_START`` after a run that wrote no ``RUN_END`` is a crash
 boundary. Memory is flat: each line is parsed, folded into the result and dropped; each record
 of the story (a task attempt, a failure, a state stay...) goes to an on-disk spool
-(`ftl.spool`) as soon as no later event can change it, and the renderers (`text_lines`,
+(`ftl.postmortem.spool`) as soon as no later event can change it, and the renderers (`text_lines`,
 `write_json`) read it back record by record. In memory stay the work in flight (running
 attempts, open failures and operations) and a bounded cache of per-task records.
 
@@ -54,7 +54,7 @@ import orjson
 
 from ftl import events as ev
 from ftl.errors import REGISTRY, Route, kind
-from ftl.spool import Records, Spool, TaskTable, task_sort_key
+from ftl.postmortem.spool import Records, Spool, TaskTable, task_sort_key
 
 RULES: dict[str, str] = {
     "seq_increasing": "seq strictly increases across the story",
@@ -216,11 +216,11 @@ def _codec(cls: type) -> tuple[Any, Any]:
 
 class Replay:
     """What a log says happened. Built by `replay`; render with `text_lines`/`render_text`,
-    `to_json` or `ftl.postmortem.render_html`.
+    `to_json` or `ftl.postmortem.html.render_html`.
 
     The story's records (``states``, ``attempts``, ``failures``, ``retries``, ``recoveries``,
-    ``cascade``, ``violations``, ``invalid_lines``: `ftl.spool.Records`; ``tasks``: a
-    `ftl.spool.TaskTable` by task seq) live in a temporary on-disk database, so memory stays
+    ``cascade``, ``violations``, ``invalid_lines``: `ftl.postmortem.spool.Records`; ``tasks``: a
+    `ftl.postmortem.spool.TaskTable` by task seq) live in a temporary on-disk database, so memory stays
     flat however long the log; they iterate in the order the story began them (an attempt at its
     ``TASK_START``, a failure at its ``TOOL_FAILURE``). `close` deletes the database (so does
     garbage collection).
@@ -1464,7 +1464,7 @@ def diff_decisions(a_paths: Iterable[Path], b_paths: Iterable[Path], *, context:
     Decisions are compared in order within a lane (the run lane: states, transitions,
     campaign-level tools and cascade; one lane per task and per explorer mode), ignoring
     timestamps, durations, worker names and op ids. Both runs' decisions go to a temporary
-    on-disk table (`ftl.spool.Spool`) indexed by lane; the two lane-ordered streams are then
+    on-disk table (`ftl.postmortem.spool.Spool`) indexed by lane; the two lane-ordered streams are then
     walked side by side, so memory holds ``context`` decisions, not the runs.
 
     Returns:

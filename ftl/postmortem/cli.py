@@ -105,7 +105,7 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
     Exit codes: 0; 1 with --check when an invariant is violated, or with --against when the
     decisions differ; 2 when a log file is missing.
     """
-    from ftl.replay import replay
+    from ftl.postmortem.replay import replay
 
     paths = _existing(logs, "LOGS")
     other = _existing(against, "--against")
@@ -117,20 +117,20 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
         with replay(paths) as result:
             return _report(result, paths, other, check, fmt, output, as_json)
     except sqlite3.Error:
-        # The story's records spill to a temporary database (ftl.spool) on long logs.
+        # The story's records spill to a temporary database (ftl.postmortem.spool) on long logs.
         raise FtlError("not_found", {"what": "a writable temporary directory with free space for "
                                              "the replay's records (set TMPDIR to one)"}) from None
 
 
 def _report(result, paths: list[Path], other: list[Path], check: bool, fmt: str,
             output: Path | None, as_json: bool) -> int:
-    from ftl.replay import diff_decisions, render_diff_text, text_lines, write_json
+    from ftl.postmortem.replay import diff_decisions, render_diff_text, text_lines, write_json
 
     diff = diff_decisions(paths, other) if other else None
     failed = bool(check and result.violations) or bool(diff is not None and not diff.same)
 
     if fmt == "html":
-        from ftl.postmortem import render_html
+        from ftl.postmortem.html import render_html
 
         _write(render_html(result, diff=diff, against=[p.name for p in other]), output)
         if as_json:

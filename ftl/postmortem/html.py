@@ -1,6 +1,6 @@
 """HTML postmortem of a replayed run: one self-contained file, no network, no script.
 
-`render_html(replay)` draws, from a `ftl.replay.Replay` alone:
+`render_html(replay)` draws, from a `ftl.postmortem.replay.Replay` alone:
 
 - a timeline: state bands above one Gantt lane per worker (task attempts coloured by outcome),
   failures, retries and recoveries marked where they happened, crash boundaries as red lines
@@ -25,7 +25,7 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from ftl.errors import kind
-from ftl.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo, format_ms
+from ftl.postmortem.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo, format_ms
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -642,8 +642,8 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
     """The postmortem as one HTML document (UTF-8 text; no external resource, no script).
 
     Args:
-        result: a `ftl.replay.replay` result.
-        diff: a decision diff against another run (`ftl.replay.diff_decisions`), shown when given.
+        result: a `ftl.postmortem.replay.replay` result.
+        diff: a decision diff against another run (`ftl.postmortem.replay.diff_decisions`), shown when given.
         against: the other run's file names, for the diff's labels.
         title: page title (default ``ftl postmortem <campaign_id>``).
         limit: at most this many of each list are drawn (the cards count them all, and a note
