@@ -46,11 +46,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-import hashlib  # noqa: E402 - after the sys.path setup on purpose
+import functools  # noqa: E402 - after the sys.path setup on purpose
 import json  # noqa: E402
-import logging  # noqa: E402
 import re  # noqa: E402
-import uuid  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from typing import Any, Callable, NoReturn  # noqa: E402
 
@@ -80,10 +78,48 @@ EXIT_INTERRUPTED = 130
 #: FTL's status names accepted on input, mapped to the store's (FTL in_progress = ftl running).
 TASK_STATUS_ALIASES = {"in_progress": "running"}
 
-log = logging.getLogger("ftl.lib")
-# Until a repo log is attached, ftl's loggers must stay silent: logging's last-resort handler
-# would print records (and tracebacks) on stderr.
-logging.getLogger("ftl").addHandler(logging.NullHandler())
+
+# --------------------------------------------------------------------------- logging
+# Set up on first need, not at import: `logging` and what it imports cost about 4 ms of every
+# cold start (issue 11 item 1), and the light commands (``command(..., light=True)``) use only
+# modules that never log. Every other command, and every failure, sets it up first.
+
+_LOG_REPOS: list[Path] = []  # the repository of each `Env`, whose .ftl/lib.log gets the records
+_REPO_HANDLERS: list[Any] = []  # attached handlers, detached by `run` after the last record
+_LOGGING: list[Any] = []  # [the "ftl.lib" logger] once `_logging` ran
+
+
+def _logging() -> Any:
+    """Route ftl's records to ``<repo>/.ftl/lib.log`` of each `Env` (WARNING and up), never to
+    stderr, and return the ``ftl.lib`` logger. Idempotent; new `Env` repos attach on the next call."""
+    import logging
+
+    if not _LOGGING:
+        logging.raiseExceptions = False  # a failing log handler must not print a trace on stderr
+        # Without a handler, logging's last-resort handler would print records on stderr.
+        logging.getLogger("ftl").addHandler(logging.NullHandler())
+        _LOGGING.append(logging.getLogger("ftl.lib"))
+    while _LOG_REPOS:
+        handler = _repo_log_handler()(_LOG_REPOS.pop(0) / ".ftl" / "lib.log", delay=True, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+        handler.setLevel(logging.WARNING)
+        logging.getLogger("ftl").addHandler(handler)
+        _REPO_HANDLERS.append(handler)
+    return _LOGGING[0]
+
+
+def _repo_log_handler() -> type:
+    """The handler class of ``<repo>/.ftl/lib.log`` (defined here: logging is imported late)."""
+    import logging
+
+    class RepoLogHandler(logging.FileHandler):
+        """``<repo>/.ftl/lib.log``, created on the first record only."""
+
+        def _open(self):  # noqa: ANN202 - logging's own signature
+            Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+            return super()._open()
+
+    return RepoLogHandler
 
 
 # --------------------------------------------------------------------------- output
@@ -178,6 +214,12 @@ def exit_code_for(error: FtlError) -> int:
     return EXIT_REFUSED
 
 
+def _correlation_id() -> str:
+    import uuid  # only on the failure path: a cold start imports what the command needs (issue 11)
+
+    return uuid.uuid4().hex[:12]
+
+
 def _print(payload: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(payload, default=str) + "\n")
     sys.stdout.flush()
@@ -198,7 +240,6 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
 
     Commands return a `Reply`. ``--help`` prints its text and exits 0.
     """
-    logging.raiseExceptions = False  # a failing log handler must not print a trace on stderr
     args = list(sys.argv[1:] if argv is None else argv)
     if output_mode(args) == "ftl":
         _run_ftl(group, args)
@@ -211,8 +252,8 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
     except click.ClickException as exc:
         payload, code = envelope.failure(_usage_error(exc)), EXIT_REFUSED
     except Exception:  # noqa: BLE001 - fail closed: one envelope, the trace only in the log
-        correlation_id = uuid.uuid4().hex[:12]
-        log.exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
+        correlation_id = _correlation_id()
+        _logging().exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
         payload, code = envelope.internal_failure(correlation_id), EXIT_INTERNAL
     else:
         if not isinstance(result, Reply):  # --help printed its text
@@ -245,8 +286,8 @@ def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:
         sys.stderr.write(f"usage error: {exc.format_message()}\n")
         code = 2  # argparse's exit code for a usage error
     except Exception:  # noqa: BLE001 - fail closed, the trace only in the log
-        correlation_id = uuid.uuid4().hex[:12]
-        log.exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
+        correlation_id = _correlation_id()
+        _logging().exception("lib %s failed [%s]", Path(sys.argv[0]).name, correlation_id)
         sys.stderr.write(f"Error: internal error (correlation id {correlation_id})\n")
         code = 1
     else:
@@ -260,14 +301,6 @@ def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:
 
 
 # --------------------------------------------------------------------------- context
-
-class _RepoLogHandler(logging.FileHandler):
-    """``<repo>/.ftl/lib.log``, created on the first record only."""
-
-    def _open(self):  # noqa: ANN202 - logging's own signature
-        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-        return super()._open()
-
 
 class Env:
     """What every command needs: the repository, its store and its configuration (lazily).
@@ -286,11 +319,9 @@ class Env:
         self.repo = repo.resolve()
         self._store = None
         self._config = None
-        handler = _RepoLogHandler(self.repo / ".ftl" / "lib.log", delay=True, encoding="utf-8")
-        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
-        handler.setLevel(logging.WARNING)
-        logging.getLogger("ftl").addHandler(handler)
-        _REPO_HANDLERS.append(handler)  # detached by `run` after the last record
+        _LOG_REPOS.append(self.repo)  # its lib.log is attached by `_logging`
+        if _LOGGING:
+            _logging()
 
     @property
     def store(self):
@@ -335,13 +366,11 @@ class Env:
             self._store = None
 
 
-_REPO_HANDLERS: list[logging.Handler] = []
-
-
 def _detach_repo_logs() -> None:
+    _LOG_REPOS.clear()
     while _REPO_HANDLERS:
         handler = _REPO_HANDLERS.pop()
-        logging.getLogger("ftl").removeHandler(handler)
+        _LOGGING[0].manager.getLogger("ftl").removeHandler(handler)
         handler.close()
 
 
@@ -500,6 +529,8 @@ def fingerprint(store, campaign: dict) -> dict[str, Any]:
         if isinstance(path, str) and path not in files:
             files.append(path)
     objective = campaign["objective"]
+    import hashlib  # here, not at the top: most commands never hash (cold start, issue 11)
+
     return {
         "framework": campaign["framework"] or "none", "task_count": len(rows),
         "task_types": sorted({r["type"] for r in rows}), "delta_files": files[:20],
@@ -537,11 +568,24 @@ def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
     }
 
 
-def command(group: click.Group, name: str, **kwargs: Any) -> Callable:
-    """``@group.command(name)`` whose function receives the `Env` first."""
+def command(group: click.Group, name: str, *, light: bool = False, **kwargs: Any) -> Callable:
+    """``@group.command(name)`` whose function receives the `Env` first.
+
+    ``light=True``: the command uses only modules that never log (the store, the DAG, the
+    envelope), so logging is not set up before it runs (cold start, issue 11 item 1); a failure
+    still reaches ``.ftl/lib.log``. tests/test_cold_start.py keeps logging out of their imports.
+    """
 
     def decorate(func: Callable) -> Callable:
-        return group.command(name, **kwargs)(click.pass_obj(func))
+        if light:
+            return group.command(name, **kwargs)(click.pass_obj(func))
+
+        @functools.wraps(func)
+        def logged(env: Env, *args: Any, **options: Any) -> Any:
+            _logging()
+            return func(env, *args, **options)
+
+        return group.command(name, **kwargs)(click.pass_obj(logged))
 
     return decorate
 

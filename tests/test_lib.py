@@ -417,6 +417,23 @@ def test_unexpected_exception_prints_internal_failure_and_logs_the_trace(common,
     assert payload["data"]["details"]["correlation_id"] in log and "RuntimeError: secret internals" in log
 
 
+def test_a_light_command_that_fails_still_logs_the_trace(common, tmp_path, capsys) -> None:
+    # light commands set up logging only on failure (cold start, issue 11 item 1)
+    group = common.script_group("boom.py", "test group")
+
+    @common.command(group, "explode", light=True)
+    def explode(env):
+        raise RuntimeError("secret internals")
+
+    with pytest.raises(SystemExit) as exit_info:
+        common.run(group, ["--repo", str(tmp_path), "explode"])
+    out, err = capsys.readouterr()
+    payload = json.loads(out)
+    assert exit_info.value.code == 1 and "Traceback" not in out + err
+    log = (tmp_path / ".ftl" / "lib.log").read_text()
+    assert payload["data"]["details"]["correlation_id"] in log and "RuntimeError: secret internals" in log
+
+
 def test_scripts_run_without_the_package_installed(tmp_path: Path) -> None:
     # Drop the editable-install finder: lib/_common.py must find ftl beside it on its own.
     code = (
