@@ -181,7 +181,7 @@ def server_boot(report: Report, rounds: int = 5) -> None:
 
 
 def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> None:
-    from bench_evaluation import EVAL_TIME_MS, INTENT, check, make_facts, percentile, request, timed
+    from bench_evaluation import EVAL_TIME_MS, INTENT, check, make_facts, percentile, request
 
     from ftl.config import Config
     from ftl.manglecp.messages import validate_facts
@@ -203,9 +203,19 @@ def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> N
             normal, _ = validate_facts(facts, server.facts_profile)
             symbols = [fact_symbol("intent", [INTENT], None, 0)] + [
                 fact_symbol(f.pred, list(f.args), f.t, EVAL_TIME_MS) for f in normal] + program.server_facts
-            clingo_ms = timed(lambda i: program._models(program._ground(symbols, False)), repeat)
-            inproc_ms = timed(lambda i: check(server.handle(request(facts, i))[-1]), repeat)
-            stdio_ms = timed(lambda i: check(stdio.request(request(facts, i))), repeat)
+            paths = {"clingo": lambda i: program._models(program._ground(symbols, False)),
+                     "in process": lambda i: check(server.handle(request(facts, i))[-1]),
+                     "stdio": lambda i: check(stdio.request(request(facts, i)))}
+            # In turns, one request of each path per round, so a change of load (other
+            # processes on the machine) hits every path alike.
+            samples: dict[str, list[float]] = {name: [] for name in paths}
+            for number in range(-3, repeat):
+                for name, call in paths.items():
+                    started = time.perf_counter()
+                    call(number)
+                    if number >= 0:  # three warm-up rounds
+                        samples[name].append((time.perf_counter() - started) * 1000)
+            clingo_ms, inproc_ms, stdio_ms = samples["clingo"], samples["in process"], samples["stdio"]
         finally:
             stdio.close()
             server.close()

@@ -146,3 +146,45 @@ def test_fast_path_validates_like_the_full_checks(facts):
         messages._fast_shapes_of = saved
     assert fast == full
     assert [f.key() for f in fast[0]] == [f.key() for f in full[0]]
+
+
+# Mostly well-formed facts of the fast predicates (enable/1 string, task/2 string+number), so
+# that whole batches pass `_validate_batch`; now and then a value of the wrong type, a bool,
+# an int past 53 bits or an extra key sends the batch to the per-fact checks.
+_NEAR_VALID = st.one_of(
+    st.builds(lambda s: {"pred": "enable", "args": [s]}, st.text(max_size=2)),
+    st.builds(lambda s, n: {"pred": "task", "args": [s, n]}, st.text(max_size=2),
+              st.one_of(st.integers(-3, 3), st.just(True), st.just(INT53_MAX + 1), st.just(1.0))),
+    st.builds(lambda s: {"pred": "enable", "args": [s], "t": None}, st.text(max_size=1)),
+    st.builds(lambda n: {"pred": "enable", "args": [n]}, st.integers(0, 2)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(facts=st.lists(_NEAR_VALID, max_size=10).map(lambda fs: fs + fs[:3]))  # with duplicates
+def test_batch_validation_agrees_with_the_per_fact_checks(facts):
+    import ftl.manglecp.messages as messages
+
+    batch = validate_facts(facts, PROFILE)
+    saved = messages._validate_batch
+    messages._validate_batch = lambda facts, fast: None
+    try:
+        single = validate_facts(facts, PROFILE)
+    finally:
+        messages._validate_batch = saved
+    assert batch == single
+    assert [f.key() for f in batch[0]] == [f.key() for f in single[0]]
+
+
+def test_a_batch_of_plain_facts_is_validated_as_a_whole():
+    from ftl.manglecp.messages import _fast_shapes_of, _validate_batch
+
+    declared = {p.predicate: p for p in PROFILE.predicates}
+    fast = _fast_shapes_of(PROFILE, declared, False)
+    facts = [{"pred": "task", "args": ["001", 3]}, {"pred": "enable", "args": ["x"]},
+             {"pred": "task", "args": ["001", 3]}]
+    assert [tuple(f) for f in _validate_batch(facts, fast)] == [("task", ("001", 3), None),
+                                                                ("enable", ("x",), None)]
+    for odd in ({"pred": "task", "args": ["001", True]}, {"pred": "task", "args": ["001", 2**60]},
+                {"pred": "enable", "args": ["x", "y"]}, {"pred": "flag", "args": [True]},
+                {"pred": "enable", "args": ["x"], "t": None}, ["enable"]):
+        assert _validate_batch(facts + [odd], fast) is None
