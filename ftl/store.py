@@ -10,11 +10,14 @@ adds new tasks and saves a new plan version.
 
 Durability and concurrency choices:
 
-* WAL journal, ``synchronous=FULL``. WAL with NORMAL already survives ``kill -9`` of the process
-  (the WAL is in the OS page cache), but may lose the last commits on power loss or an OS crash;
-  FULL fsyncs the WAL on every commit, so a commit ftl has acted on (a task marked complete, a
-  workspace started) is never rolled back. ftl makes a few commits per task, so the cost of one
-  fsync each is negligible next to a build.
+* WAL journal, ``synchronous=NORMAL`` by default: a commit survives ``kill -9`` of the process
+  (the WAL is in the OS page cache; SQLite docs, "WAL mode ... synchronous=NORMAL"), and the
+  database stays consistent on power loss or an OS crash, which may roll back the last commits.
+  That is the durability of the rest of ftl's records (the event log and the build ledger are
+  not fsynced per write either), and an fsync per commit cost 20-30 ms per task on a disk with
+  slow flushes (issue 11 item 3). ``Store(durable=True)`` selects ``synchronous=FULL``: the WAL is
+  fsynced on every commit, so a commit ftl has acted on (a task marked running or complete) is
+  never rolled back, even by a power loss.
 * ``busy_timeout`` of `BUSY_TIMEOUT_MS`: a writer in another process makes us wait, not fail; a lock
   held longer than that becomes the transient ``lock_contention`` error.
 * One connection per `Store`, opened with ``check_same_thread=False`` and serialised by an
@@ -320,13 +323,16 @@ class Store:
     Args:
         path: the database file; its parent directory is created.
         clock: returns the current time (aware or naive-UTC ``datetime``); injected by tests.
+        durable: fsync every commit (``synchronous=FULL``) so that it survives power loss too;
+            by default commits survive a killed process (see the module docstring).
 
     Raises:
         FtlError(conflict): the file is not a readable SQLite database, is newer than this ftl,
             or cannot be created. Messages name the file relative to the repo (``.ftl/ftl.db``).
     """
 
-    def __init__(self, path: Path, *, clock: Callable[[], datetime] | None = None) -> None:
+    def __init__(self, path: Path, *, clock: Callable[[], datetime] | None = None,
+                 durable: bool = False) -> None:
         self.path = Path(path)
         self._label = f"{self.path.parent.name}/{self.path.name}" if self.path.parent.name else self.path.name
         self._clock = clock or _utc_now
@@ -346,7 +352,7 @@ class Store:
             mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 _log().warning("store %s: journal_mode is %s, not wal", self._label, mode)
-            conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
             conn.execute("PRAGMA foreign_keys = ON")
             migrate(conn)
         except FtlError:

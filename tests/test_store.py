@@ -774,3 +774,14 @@ def test_json_columns_read_back_as_the_json_module_reads_them(text: str):
     from ftl.store import _loads
     value, expected = _loads(text), json.loads(text)
     assert json.dumps(value) == json.dumps(expected)
+
+
+def test_commits_survive_a_killed_process_and_durable_fsyncs_each(tmp_path):
+    # WAL + NORMAL by default (kill -9 safe, like the event log); durable=True is FULL (power loss)
+    from ftl.store import Store
+
+    with Store.for_repo(tmp_path) as store:
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    with Store.for_repo(tmp_path, durable=True) as store:
+        assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
