@@ -91,10 +91,16 @@ class BoundContext:
         return [f.args for f in self.facts if f.pred == pred]
 
     def digest(self) -> str:
-        """A deterministic digest of the binding (sorted facts + params); part of the macro id."""
-        # tuple.__repr__ is NormalFact.key() (the repr of (pred, args, t)) at C speed.
+        """A deterministic digest of the binding (sorted facts + params); part of the macro id.
+
+        sha256 over the canonical JSON of the params, then each fact's `NormalFact.key` in
+        sorted order, one per line (a key is a repr, so it holds no raw newline).
+        """
+        # tuple.__repr__ is NormalFact.key() at C speed; no JSON around 10,000 keys (issue 11).
         keys = sorted(map(tuple.__repr__, self.facts))
-        return hashlib.sha256(canonical_json([keys, dict(self.params)]).encode("utf-8")).hexdigest()[:16]
+        digest = hashlib.sha256(canonical_json(dict(self.params)).encode("utf-8"))
+        digest.update("\n".join(["", *keys]).encode("utf-8"))
+        return digest.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
