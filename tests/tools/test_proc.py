@@ -204,3 +204,34 @@ def test_snapshot_without_git_walks_the_tree(tmp_path):
     write(tmp_path, {"a.py": "22", "c.py": "1", "node_modules/x.js": "22"})
     _, after = snapshot_tree(tmp_path, method)
     assert method == "walk" and changed_paths(before, after) == ["a.py", "c.py"]
+
+
+def test_pid_window_covers_the_pids_allocated_after_the_leader():
+    from ftl.server.tools.proc import pid_window
+
+    before = (1_000, 200)  # pids allocated since boot, threads alive, before the leader started
+    window = pid_window(5_000, before, 1_050, 5_040, 32_768)
+    assert window is not None
+    assert [pid for pid in (4_999, 5_000, 5_020, 5_040, 5_041, 301) if window(pid)] == [5_000, 5_020, 5_040]
+    wrapped = pid_window(32_700, before, 1_200, 400, 32_768)  # the cursor passed pid_max
+    assert wrapped is not None
+    assert [pid for pid in (32_699, 32_700, 32_767, 300, 400, 401) if wrapped(pid)] == [32_700, 32_767, 300, 400]
+    # too many allocations since (the cursor may have gone round): every pid is a candidate
+    assert pid_window(5_000, before, 1_000 + 9_000, 5_040, 32_768) is None
+    assert pid_window(5_000, (1_000, 20_000), 1_001, 5_001, 32_768) is None
+
+
+def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path):
+    from ftl.server.tools import proc
+
+    windows = []
+    real = proc._window
+    proc._window = lambda pgid, before: windows.append(real(pgid, before)) or windows[-1]
+    try:
+        result = run_command("sleep 60 >/dev/null 2>&1 & echo $! > bg.pid", cwd=tmp_path, timeout_s=10)
+    finally:
+        proc._window = real
+    assert result.ok
+    assert windows and windows[0] is not None  # /proc/stat and ns_last_pid were readable here
+    assert windows[0](int((tmp_path / "bg.pid").read_text()))
+    assert wait_dead(int((tmp_path / "bg.pid").read_text()))  # found in the window and stopped
