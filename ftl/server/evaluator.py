@@ -337,11 +337,10 @@ class _Program:
             if set(map(type, preds)) != {str} or not set(map(type, chain.from_iterable(args))) <= {str, int}:
                 return None
             keys = list(zip(preds, args))
-            distinct = len(set(keys))
+            symbols = list(map(self._symbols.get, keys))
         except (TypeError, ValueError):  # not (pred, args, t) triples of hashable values
             return None
         cache = self._symbols
-        symbols = list(map(cache.get, keys))
         if any(map(is_, symbols, repeat(None))):  # `is`, not ==: a symbol's == is a Python call
             if len(cache) + len(keys) > _SYMBOL_CACHE_SIZE:
                 cache.clear()
@@ -352,6 +351,9 @@ class _Program:
                     if symbol is None:
                         symbol = cache[key] = fact_symbol(key[0], key[1], None, 0)
                     symbols[index] = symbol
+        # Equal keys share one cached symbol object (a duplicate finds the first one's), so
+        # distinct facts = distinct objects: ids hash faster than the keys.
+        distinct = len(set(map(id, symbols)))
         groups: dict[tuple[str, int], list[clingo.Symbol]] = {}
         lengths = list(map(len, args))
         signatures = set(zip(preds, lengths))

@@ -203,3 +203,13 @@ def test_plain_facts_take_the_counted_path_and_temporal_ones_do_not(ftl_program,
     for odd in ([("framework", ({"a": [1]},), None)], [("framework", (True,), None)], [("task", (1.5, "x"), None)]):
         assert "ok" in ftl_program.run({**request, "facts": odd})  # nested, bool, float: full path
     assert taken == [1]
+
+
+def test_counted_path_counts_duplicate_facts_once(ftl_program):
+    facts = [("task", ("001", "BUILD"), None), ("task_has_run", ("001",), None)]
+    request = {"intent": "build_task", "params": {}, "eval_time_ms": 0, "max_facts_created": 100_000}
+    once = ftl_program.run({**request, "facts": facts})
+    twice = ftl_program.run({**request, "facts": facts + facts[::-1]})
+    ftl_program._symbols.clear()  # duplicates that are all cache misses
+    fresh = ftl_program.run({**request, "facts": facts + facts})
+    assert once == twice == fresh
