@@ -25,7 +25,9 @@ from html import escape
 from typing import Any, Iterable, Sequence
 
 from ftl.errors import kind
-from ftl.postmortem.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo, format_ms
+from ftl.postmortem.diff import DecisionDiff
+from ftl.postmortem.text import format_ms
+from ftl.postmortem.timeline import Failure, Replay, TaskAttempt, TaskInfo
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
