@@ -43,7 +43,7 @@ from ftl import events as ev
 from ftl.errors import REGISTRY, Route, kind
 from ftl.postmortem.spool import task_sort_key
 from ftl.postmortem.timeline import (
-    NO_ROOTS, WARNINGS_LISTED, Failure, Replay, RunSegment, StateSpan, TaskAttempt, TaskInfo,
+    NODES_KEPT, NO_ROOTS, WARNINGS_LISTED, Failure, Replay, RunSegment, StateSpan, TaskAttempt, TaskInfo,
     Violation, ms_between,
 )
 
@@ -565,9 +565,8 @@ class Checker:
             if open_deps:
                 self.violation(seq, "task_transitions",
                                f"task {task} started before {', '.join(open_deps)} completed")
-        worker = e.get("worker")
-        attempt = TaskAttempt(task, _intern(worker) if type(worker) is str else _s(worker),
-                              _i(e.get("attempt")), ts, seq, self.run_index)
+        attempt = TaskAttempt(task, _t(e.get("worker")), _i(e.get("attempt")), ts, seq, self.run_index,
+                              node=_t(e.get("node")))
         self.running[task] = attempt
         self.attempt_keys[task] = self.r.attempts.reserve()
         info.status, info.attempts = "running", info.attempts + 1
@@ -590,6 +589,11 @@ class Checker:
             self.violation(seq, "classify_before_act",
                            f"task {task} ended before failure {pending.seq} was classified")
         attempt.end, attempt.end_seq, attempt.status = ts, seq, status
+        # Where it ran, when the start could not say (a Ray task's node is known once it ran).
+        if attempt.worker is None:
+            attempt.worker = _t(e.get("worker"))
+        if attempt.node is None:
+            attempt.node = _t(e.get("node"))
         error_type = e.get("error_type")
         attempt.error_type = _intern(error_type) if type(error_type) is str else _s(error_type)
         attempt.duration_ms = _i(e.get("duration_ms"))
@@ -615,7 +619,7 @@ class Checker:
         if self.ops:
             for op in [op for op, state in self.ops.items() if state.task_seq == task]:
                 del self.ops[op]
-        self.r.attempts.add(attempt, self.attempt_keys.pop(task))
+        self._write_attempt(attempt, self.attempt_keys.pop(task))
         self._settle_failures(task)
 
     # --- worktree results ---
@@ -684,9 +688,22 @@ class Checker:
     # --- settling: records nothing can change any more leave memory for the spool ---
     def _settle_attempts(self, task: str | None = None) -> None:
         """Write out the running attempt of ``task`` (default: every one) as it stands."""
-        attempts, keys = self.r.attempts, self.attempt_keys
+        keys = self.attempt_keys
         for name in [task] if task is not None else list(self.running):
-            attempts.add(self.running.pop(name), keys.pop(name))
+            self._write_attempt(self.running.pop(name), keys.pop(name))
+
+    def _write_attempt(self, attempt: TaskAttempt, key: int) -> None:
+        """Spool a finished (or cut) attempt and count it on its node (`Replay.nodes`)."""
+        node = attempt.node
+        if node is not None:
+            nodes = self.r.nodes
+            if node in nodes:
+                nodes[node] += 1
+            elif len(nodes) < NODES_KEPT:
+                nodes[node] = 1
+            else:
+                self.r.nodes_cut = True
+        self.r.attempts.add(attempt, key)
 
     def _settle_failures(self, task: str | None = None, *, everything: bool = False) -> None:
         """Write out the open failures (of ``task`` only, when given) that no later event can

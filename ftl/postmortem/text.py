@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from ftl.postmortem.timeline import Replay
+from ftl.postmortem.timeline import Replay, node_sort_key
 
 
 def format_ms(ms: float | None, digits: int = 1) -> str:
@@ -25,8 +25,9 @@ def render_text(result: Replay) -> str:
 
 def text_lines(result: Replay) -> Iterator[str]:
     """A plain-text postmortem for terminals and notes, one ``\n``-terminated line at a time:
-    outcome, warnings, runs and crash boundaries, states with durations, every task attempt
-    with its failures, the failures with their classification and fate, the cascade roots, and
+    outcome, warnings, runs and crash boundaries, the nodes (when more than one), states with
+    durations, every task attempt with its worker (and its node, when more than one) and its
+    failures, the failures with their classification and fate, the cascade roots, and
     the violations. Lines are made as the spooled records are read: memory stays flat."""
     for line in _text_body(result):
         yield line + "\n"
@@ -50,6 +51,10 @@ def _text_body(r: Replay) -> Iterator[str]:
             tasks = ", ".join(prev.interrupted_tasks) or "none"
             yield (f"crash boundary before seq {nxt.start_seq} (the run was resumed): last event "
                    f"seq {prev.last_seq} in {prev.interrupted_state or '-'}, tasks in flight: {tasks}")
+    many_nodes = r.multi_node
+    if many_nodes:
+        yield "nodes: " + ", ".join(f"{node} ({r.nodes[node]} attempt{'' if r.nodes[node] == 1 else 's'})"
+                                    for node in sorted(r.nodes, key=node_sort_key))
     yield "states:"
     for s in r.states:
         extra = f" error_type={s.error_type}" if s.error_type else ""
@@ -59,7 +64,8 @@ def _text_body(r: Replay) -> Iterator[str]:
     if r.attempts:
         yield "tasks:"
         for a in r.attempts:
-            line = f"  {a.seq} attempt {a.attempt} on {a.worker}: {a.status or 'interrupted'} " \
+            where = f"{a.worker} (node {a.node or '?'})" if many_nodes else a.worker
+            line = f"  {a.seq} attempt {a.attempt} on {where}: {a.status or 'interrupted'} " \
                    f"({format_ms(a.duration_ms)})"
             if a.error_type:
                 line += f" {a.error_type}"

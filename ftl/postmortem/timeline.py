@@ -19,6 +19,7 @@ from ftl.postmortem.spool import Records, Spool, TaskTable
 
 WARNINGS_LISTED = 20  # items of one kind named in the warnings
 NO_ROOTS: list[str] = []  # shared by every unblocked task; never mutated
+NODES_KEPT = 256  # distinct nodes counted in `Replay.nodes`; a log naming more is cut there
 
 
 @dataclass(slots=True)
@@ -78,7 +79,13 @@ class Failure:
 
 @dataclass(slots=True)
 class TaskAttempt:
-    """One attempt at a task, ``TASK_START`` to ``TASK_END`` (``status`` None: cut by a crash)."""
+    """One attempt at a task, ``TASK_START`` to ``TASK_END`` (``status`` None: cut by a crash).
+
+    ``worker`` (e.g. ``"w1"``, ``"pid 1234"``) and ``node`` (a Ray node id's first 12 hex
+    characters, or ``"driver"``; issue 14) say where it ran: ``TASK_START``'s value, or
+    ``TASK_END``'s when the start did not give one; ``node`` is None in logs written before
+    issue 14.
+    """
 
     seq: str
     worker: str | None
@@ -98,6 +105,7 @@ class TaskAttempt:
     cost_usd: float | None = None  # an agent build's total_cost_usd (Claude builder)
     num_turns: int | None = None
     tokens: int | None = None  # input + output + cache read/write tokens
+    node: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -179,6 +187,9 @@ class Replay:
         self.agent_tokens = 0
         self.torn_tails: list[str] = []
         self.other_campaigns: list[str] = []
+        # Attempts per node (at most NODES_KEPT nodes; `node_sort_key` orders them for people).
+        self.nodes: dict[str, int] = {}
+        self.nodes_cut = False  # a node past NODES_KEPT was seen (and not counted)
         self._spool = spool = Spool()
         self.states: Records[StateSpan] = Records(spool, "states", *_codec(StateSpan))
         self.attempts: Records[TaskAttempt] = Records(spool, "attempts", *_codec(TaskAttempt))
@@ -217,6 +228,11 @@ class Replay:
     @property
     def duration_ms(self) -> int | None:
         return ms_between(self.first_ts, self.last_ts)
+
+    @property
+    def multi_node(self) -> bool:
+        """Whether the attempts ran on more than one node (then the renderings name them)."""
+        return len(self.nodes) > 1
 
     def failure(self, seq: int) -> Failure | None:
         """The failure logged at ``seq`` (a scan: for tests and small reports)."""
@@ -260,6 +276,9 @@ class Replay:
         if self.other_campaigns:
             more = " and more" if len(self.other_campaigns) >= WARNINGS_LISTED else ""
             notes.append(f"events of other campaigns were read: {', '.join(self.other_campaigns)}{more}")
+        if self.nodes_cut:
+            notes.append(f"the log names more than {NODES_KEPT} nodes; attempts per node are "
+                         f"counted for the first {NODES_KEPT}")
         if self.runs and self.runs[-1].outcome == "cancelled":
             notes.append("the last run was cancelled (Ctrl-C); `ftl campaign resume` continues it")
         if self.runs and self.runs[-1].outcome == "stopped":
@@ -269,7 +288,8 @@ class Replay:
 
     def to_json(self, *, lazy: bool = False) -> dict[str, Any]:
         """JSON-ready dict: the keys of `Replay` with records as dicts; ``tasks`` is the list of
-        attempts and ``task_status`` the final word per task.
+        attempts (each with its ``worker`` and ``node``), ``task_status`` the final word per
+        task and ``nodes`` the attempts per node (``{}`` for a log that names no node).
 
         Args:
             lazy: the long lists (attempts, tasks, failures, retries, recoveries, cascade,
@@ -291,7 +311,7 @@ class Replay:
             "agent_cost_usd": round(self.agent_cost_usd, 6), "agent_tokens": self.agent_tokens,
             "first_ts": self.first_ts, "last_ts": self.last_ts, "duration_ms": self.duration_ms,
             "runs": [{**asdict(r), "crashed": r.crashed} for r in self.runs],
-            "crash_boundaries": self.crash_boundaries,
+            "crash_boundaries": self.crash_boundaries, "nodes": dict(self.nodes),
             "states": many(self.states, asdict, len(self.states)),
             "tasks": many(self.attempts, TaskAttempt.to_json, len(self.attempts)),
             "task_status": many(self.tasks.values, asdict, len(self.tasks)),
@@ -346,6 +366,11 @@ def write_json(payload: Any, handle: Any, *, indent: int | None = 2) -> None:
     for chunk in encoder.iterencode(payload):
         write(chunk)
     write("\n")
+
+
+def node_sort_key(node: str) -> tuple[bool, bool, str]:
+    """How nodes are listed: the driver first, then by id, an unknown node (``"?"``) last."""
+    return (node == "?", node != "driver", node)
 
 
 def _parse_ts(value: Any) -> datetime | None:
