@@ -17,7 +17,7 @@ from ftl.postmortem.read import stream
 from ftl.postmortem.spool import Spool
 
 
-# Fields that make up each event's decision; everything else (ts, seq, durations, workers, op
+# Fields that make up each event's decision; everything else (ts, seq, durations, workers, nodes, op
 # ids, pids, macro ids, messages with paths) is ignored when two runs are compared.
 DECISION_FIELDS: dict[str, tuple[str, ...]] = {
     ev.STATE_ENTRY: ("state", "error_type"),
