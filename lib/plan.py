@@ -3,7 +3,7 @@
 Plan ids: FTL numbered plans globally and never linked them to a campaign (§4.3). In ftl a plan
 is a version of one campaign's plan (1, 2, ... ; a re-plan merge adds one), so ``--id N`` means
 version N of the active campaign, or of ``--campaign-id``. A plan's status is derived, never
-stale (FTL's marks went stale, §8.2 item 16): a version marked with ``mark-executed`` is
+stale (FTL's flow never called ``mark-executed``, §8.2 item 16): a version marked with ``mark-executed`` is
 ``executed``; otherwise the latest version of an active campaign is ``active``, the latest of a
 finished campaign ``executed``, every older one ``superseded``. ``get-active`` finds no plan
 once the latest version is marked executed, as in FTL.
