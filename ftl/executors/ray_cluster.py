@@ -1,0 +1,239 @@
+"""The Ray executor: each task's build and verify run as one Ray task on any node of a cluster.
+
+What stays on the driver (this process): the state machine, the store, the event log, the
+retries of the recovery protocol and the integration of results. Task calls run on driver
+threads exactly as with `ftl.executors.local.LocalExecutor`; `RayExecutor.run_attempt` is what
+such a call uses to send an attempt away and wait for it (`ftl.executors.remote_attempt`).
+
+Ray's own retries are off (``max_retries=0``, ``retry_exceptions=False``): every try is ftl's,
+emitted and classified like any other failure. A lost worker or node (`WORKER_LOST_ERRORS`) is
+the transient error ``worker_lost``; the recovery protocol retries it once, then the task
+blocks. Cancel (Ctrl-C) force-cancels the running Ray tasks; they are the driver's, so a dead
+driver's tasks die with it (Ray ends a job's tasks when its driver goes), and an attempt's
+result is accepted only under the attempt id it was sent with.
+
+The code travels as a git bundle of the integration head, put once per head into Ray's object
+store; the result comes back as a bundle of the task commit (`ftl.vcs.bundles`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from ftl.errors import FtlError
+from ftl.executors.base import Health
+from ftl.executors.local import LocalExecutor
+
+__all__ = ["RayCluster", "RayExecutor", "remote_attempt", "INSTALL_HINT"]
+
+_LOG = logging.getLogger("ftl.executors.ray")
+INSTALL_HINT = "pip install 'ftl-runner[ray]'"
+_WAIT_SLICE_S = 0.2  # how often a waiting task call looks at its cancel flag, s
+_DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
+_BUNDLES_KEPT = 4  # heads whose bundles stay in the object store
+
+
+def remote_attempt(request: dict[str, Any], base_bundle: bytes) -> Iterator[dict[str, Any]]:
+    """The Ray task: `ftl.executors.remote_attempt.run_attempt` on whichever node Ray picked."""
+    import ray
+
+    from ftl.executors.remote_attempt import run_attempt
+
+    node = ray.get_runtime_context().get_node_id()[:12]
+    yield from run_attempt(request, base_bundle, node)
+
+
+class RayExecutor(LocalExecutor):
+    """Task calls on driver threads whose attempts run on ``cluster`` (one scheduler run)."""
+
+    kind = "ray"
+
+    def __init__(self, cluster: "RayCluster") -> None:
+        super().__init__(name="ftl-ray")
+        self.cluster = cluster
+
+    def cancel(self) -> None:
+        self.cluster.cancel()
+
+    def heartbeat(self) -> Health:
+        health = self.cluster.heartbeat()
+        local = super().heartbeat()
+        return Health(health.kind, health.alive, health.nodes, local.running, health.detail)
+
+
+class RayCluster:
+    """The driver's connection to a Ray cluster, for the whole run (closed with `shutdown`).
+
+    Args:
+        address: ``"auto"`` (a cluster started on this machine with ``ray start``),
+            ``"HOST:PORT"`` of a head node, or ``"ray://HOST:PORT"`` (Ray Client).
+        repo: the driver's repository (bundles are made from it).
+
+    Raises:
+        FtlError(configuration_error): Ray is not installed (`INSTALL_HINT`), or no cluster
+            answers at ``address``.
+    """
+
+    def __init__(self, address: str, repo: Path) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise FtlError("configuration_error", {
+                "problem": f"executor kind = \"ray\" needs Ray: {INSTALL_HINT}"}) from None
+        self._ray = ray
+        self.address = address
+        self.repo = repo
+        try:
+            if not ray.is_initialized():
+                ray.init(address=address, namespace="ftl", log_to_driver=False,
+                         logging_level=logging.ERROR, configure_logging=True)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise FtlError("configuration_error", {
+                "problem": f"no Ray cluster answers at {address!r}: "
+                           f"{str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}; "
+                           "start one with `ray start --head` or fix [executor] address"}) from None
+        self._remote = ray.remote(remote_attempt)
+        self._lock = threading.Lock()
+        self._bundles: dict[str, Any] = {}  # base commit -> ObjectRef of its bundle
+        self._inflight: dict[str, Any] = {}  # attempt id -> ObjectRefGenerator
+        self._cancelled = False
+        from ray import exceptions as rex
+
+        self._lost = tuple(getattr(rex, name) for name in (
+            "WorkerCrashedError", "NodeDiedError", "ObjectLostError", "OwnerDiedError",
+            "ObjectFetchTimedOutError", "ReferenceCountingAssertionError", "LocalRayletDiedError",
+            "RaySystemError", "OutOfMemoryError") if hasattr(rex, name))
+        self._task_cancelled = rex.TaskCancelledError
+        self._task_error = rex.RayTaskError
+
+    def executor(self) -> RayExecutor:
+        """A fresh executor (driver threads) for one scheduler run on this cluster."""
+        with self._lock:
+            self._cancelled = False
+        return RayExecutor(self)
+
+    def cancel(self) -> None:
+        """Force-cancel every attempt in flight (idempotent); their calls end ``cancelled``."""
+        with self._lock:
+            self._cancelled = True
+            running = list(self._inflight.values())
+        for generator in running:
+            try:
+                self._ray.cancel(generator, force=True)
+            except Exception:  # noqa: BLE001 - already finished or gone: nothing to stop
+                pass
+
+    def heartbeat(self) -> Health:
+        try:
+            nodes = [{"node": n["NodeID"][:12], "address": n.get("NodeManagerAddress", ""),
+                      "cpus": float((n.get("Resources") or {}).get("CPU", 0.0))}
+                     for n in self._ray.nodes() if n.get("Alive")]
+            alive = bool(nodes)
+        except Exception:  # noqa: BLE001 - the cluster went away
+            nodes, alive = [], False
+        with self._lock:
+            running = len(self._inflight)
+        return Health("ray", alive, nodes, running, f"Ray cluster at {self.address}")
+
+    def shutdown(self) -> None:
+        """Disconnect (the cluster keeps running); idempotent."""
+        with self._lock:
+            self._bundles.clear()
+        try:
+            self._ray.shutdown()
+        except Exception:  # noqa: BLE001 - shutting down a broken connection
+            _LOG.debug("ray.shutdown failed", exc_info=True)
+
+    # --- what a task call uses ---
+    def run_attempt(self, request: dict[str, Any], *, cancel: threading.Event,
+                    on_placed: Callable[[dict[str, Any]], None],
+                    num_cpus: float = 1.0) -> dict[str, Any]:
+        """Send one attempt to the cluster and wait for its result.
+
+        Args:
+            request: `ftl.executors.remote_attempt.run_attempt`'s request (``attempt_id`` is
+                set here when missing).
+            cancel: the task's cancel flag; when set the Ray task is force-cancelled.
+            on_placed: called with the placement (``node``, ``worker``, ``host``) once the
+                attempt started on a node.
+            num_cpus: CPUs the attempt reserves on its node (the plan's ``resources``).
+
+        Returns:
+            The attempt's result dict (``phase``, ``build``, ``verify``, ``commit``,
+            ``bundle``, ``node``, ``worker``, ...).
+
+        Raises:
+            FtlError(worker_lost): the worker or its node died, or the result was lost.
+            FtlError(cancelled): cancelled (Ctrl-C, the campaign's cancel).
+            FtlError(timeout): no result within the attempt's limits plus a slack.
+            FtlError(internal_error): the attempt raised on the node (e.g. git failed there);
+                the node's message goes to this module's log under the correlation id.
+        """
+        request.setdefault("attempt_id", uuid.uuid4().hex)
+        attempt_id = request["attempt_id"]
+        deadline = time.monotonic() + float(request["timeout_s"]) + \
+            float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
+        base = self._base_bundle(request["base"])
+        with self._lock:
+            if self._cancelled:
+                raise FtlError("cancelled", {"what": f"task {request['seq']}"})
+            # Ray's retries off: every try is the recovery protocol's, emitted and classified.
+            generator = self._remote.options(
+                num_cpus=num_cpus, max_retries=0, retry_exceptions=False,
+                num_returns="streaming").remote(request, base)
+            self._inflight[attempt_id] = generator
+        try:
+            placed = self._next(generator, cancel, deadline, request)
+            on_placed(placed)
+            result = self._next(generator, cancel, deadline, request)
+        finally:
+            with self._lock:
+                self._inflight.pop(attempt_id, None)
+        if result.get("attempt_id") != attempt_id:  # never another try's result
+            raise FtlError("worker_lost", {"seq": request["seq"], "cause": "a stale result"})
+        return result
+
+    def _base_bundle(self, base: str) -> Any:
+        from ftl.vcs.bundles import head_bundle
+
+        with self._lock:
+            ref = self._bundles.get(base)
+            if ref is None:
+                ref = self._ray.put(head_bundle(self.repo, base))
+                self._bundles[base] = ref
+                while len(self._bundles) > _BUNDLES_KEPT:
+                    self._bundles.pop(next(iter(self._bundles)))
+            return ref
+
+    def _next(self, generator: Any, cancel: threading.Event, deadline: float,
+              request: dict[str, Any]) -> dict[str, Any]:
+        ray, seq = self._ray, request["seq"]
+        try:
+            while True:
+                ready, _ = ray.wait([generator], timeout=_WAIT_SLICE_S)
+                if ready:
+                    return ray.get(next(generator))
+                if cancel.is_set() or time.monotonic() > deadline:
+                    ray.cancel(generator, force=True)
+                    if cancel.is_set():
+                        raise FtlError("cancelled", {"what": f"task {seq}"})
+                    raise FtlError("timeout", {"seq": seq, "what": f"Ray attempt of task {seq}",
+                                               "timeout_s": request["timeout_s"]})
+        except StopIteration:
+            raise FtlError("worker_lost", {"seq": seq, "cause": "the attempt ended without a "
+                                                                "result"}) from None
+        except self._task_cancelled:
+            raise FtlError("cancelled", {"what": f"task {seq}"}) from None
+        except self._lost as exc:
+            raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
+        except self._task_error as exc:
+            # The node's message may name its paths: the log gets it, a response never does.
+            correlation = uuid.uuid4().hex[:12]
+            _LOG.error("task %s: the attempt failed on its node (correlation id %s): %s",
+                       seq, correlation, getattr(exc, "cause", None) or exc)
+            raise FtlError("internal_error", {"correlation_id": correlation}) from None
