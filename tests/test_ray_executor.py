@@ -227,3 +227,39 @@ def test_a_killed_driver_resumes_with_every_task_done_exactly_once(
     assert all(completes[seq] >= 1 for seq in seqs)
     _integrated_once(repo, seqs)
     _replay_holds(repo)
+
+
+def test_ctrl_c_cancels_the_ray_tasks_and_the_campaign_resumes(cluster: str, tmp_path: Path) -> None:
+    repo = _repo(tmp_path)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    run = (f'if [ -e {marks}/tried ]; then echo done > f1.txt; exit 0; fi; '
+           f'touch {marks}/tried; echo $$ > {marks}/shell.pid; sleep 60')
+    plan = _plan(tmp_path / "plan.json", [_task(1, run)])
+    proc = subprocess.Popen([FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
+                             "--executor", "ray", "--ray-address", cluster],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        pid_file = marks / "shell.pid"
+        _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 120, "the shell")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=45) == 130
+        assert time.monotonic() - started < 40  # not the 60 s the command would take
+
+        def gone() -> bool:  # force-cancel killed the worker, and the command with it
+            try:
+                os.kill(int(pid_file.read_text()), 0)
+            except ProcessLookupError:
+                return True
+            return False
+        _wait_for(gone, 30, "the cancelled command to end")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    events = _events(repo)
+    assert [e["status"] for e in events if e["event"] == "TASK_END"] == ["cancelled"]
+    done = _ftl(repo, "resume", address=cluster)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    _integrated_once(repo, ["001"])
+    _replay_holds(repo)

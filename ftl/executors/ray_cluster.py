@@ -19,6 +19,7 @@ store; the result comes back as a bundle of the task commit (`ftl.vcs.bundles`).
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import uuid
@@ -46,6 +47,26 @@ def remote_attempt(request: dict[str, Any], base_bundle: bytes) -> Iterator[dict
 
     node = ray.get_runtime_context().get_node_id()[:12]
     yield from run_attempt(request, base_bundle, node)
+
+
+def _reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Refuse a ``HOST:PORT`` nobody listens on before ``ray.init``, which would wait minutes
+    for it. ``auto`` and ``ray://`` addresses are left to Ray (it fails fast on those).
+
+    Raises:
+        FtlError(configuration_error): nothing accepts a TCP connection there.
+    """
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=timeout_s):
+            return
+    except (OSError, ValueError):
+        raise FtlError("configuration_error", {
+            "problem": f"no Ray cluster answers at {address!r}; start one with `ray start "
+                       "--head` or fix [executor] address (auto, HOST:PORT or ray://HOST:PORT)"},
+                       ) from None
 
 
 class RayExecutor(LocalExecutor):
@@ -88,6 +109,7 @@ class RayCluster:
         self._ray = ray
         self.address = address
         self.repo = repo
+        _reachable(address)
         try:
             if not ray.is_initialized():
                 ray.init(address=address, namespace="ftl", log_to_driver=False,
