@@ -12,8 +12,10 @@ blocks. Cancel (Ctrl-C) force-cancels the running Ray tasks; they are the driver
 driver's tasks die with it (Ray ends a job's tasks when its driver goes), and an attempt's
 result is accepted only under the attempt id it was sent with.
 
-The code travels as a git bundle of the integration head, put once per head into Ray's object
-store; the result comes back as a bundle of the task commit (`ftl.vcs.bundles`).
+The code travels as git bundles: a chain whose first link holds the history and each next link
+the commits since the one before, put into Ray's object store once, kept by each node in a
+cache it shares between its workers; the result comes back as a bundle of the task commit
+(`ftl.vcs.bundles`).
 """
 
 from __future__ import annotations
@@ -36,17 +38,18 @@ _LOG = logging.getLogger("ftl.executors.ray")
 INSTALL_HINT = "pip install 'ftl-runner[ray]'"
 _WAIT_SLICE_S = 0.2  # how often a waiting task call looks at its cancel flag, s
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
-_BUNDLES_KEPT = 4  # heads whose bundles stay in the object store
 
 
-def remote_attempt(request: dict[str, Any], base_bundle: bytes) -> Iterator[dict[str, Any]]:
-    """The Ray task: `ftl.executors.remote_attempt.run_attempt` on whichever node Ray picked."""
+def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
+    """The Ray task: `ftl.executors.remote_attempt.run_attempt` on whichever node Ray picked.
+    ``chain``: ``(head, ObjectRef of its bundle link)`` pairs, fetched only where needed."""
     import ray
 
     from ftl.executors.remote_attempt import run_attempt
 
     node = ray.get_runtime_context().get_node_id()[:12]
-    yield from run_attempt(request, base_bundle, node)
+    links = [(head, (lambda ref=ref: ray.get(ref))) for head, ref in chain]
+    yield from run_attempt(request, links, node)
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -121,7 +124,8 @@ class RayCluster:
                            "start one with `ray start --head` or fix [executor] address"}) from None
         self._remote = ray.remote(remote_attempt)
         self._lock = threading.Lock()
-        self._bundles: dict[str, Any] = {}  # base commit -> ObjectRef of its bundle
+        # The integration heads sent so far, each with its bundle link (`ftl.vcs.bundles`).
+        self._chain: list[tuple[str, Any]] = []
         self._inflight: dict[str, Any] = {}  # attempt id -> ObjectRefGenerator
         self._cancelled = False
         from ray import exceptions as rex
@@ -165,7 +169,7 @@ class RayCluster:
     def shutdown(self) -> None:
         """Disconnect (the cluster keeps running); idempotent."""
         with self._lock:
-            self._bundles.clear()
+            self._chain.clear()
         try:
             self._ray.shutdown()
         except Exception:  # noqa: BLE001 - shutting down a broken connection
@@ -200,14 +204,14 @@ class RayCluster:
         attempt_id = request["attempt_id"]
         deadline = time.monotonic() + float(request["timeout_s"]) + \
             float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
-        base = self._base_bundle(request["base"])
+        chain = self._chain_to(request["base"])
         with self._lock:
             if self._cancelled:
                 raise FtlError("cancelled", {"what": f"task {request['seq']}"})
             # Ray's retries off: every try is the recovery protocol's, emitted and classified.
             generator = self._remote.options(
                 num_cpus=num_cpus, max_retries=0, retry_exceptions=False,
-                num_returns="streaming").remote(request, base)
+                num_returns="streaming").remote(request, chain)
             self._inflight[attempt_id] = generator
         try:
             placed = self._next(generator, cancel, deadline, request)
@@ -220,17 +224,23 @@ class RayCluster:
             raise FtlError("worker_lost", {"seq": request["seq"], "cause": "a stale result"})
         return result
 
-    def _base_bundle(self, base: str) -> Any:
+    def _chain_to(self, base: str) -> list[tuple[str, Any]]:
+        """The chain of bundle links ending at ``base``: a new link holds only the commits
+        since the last one, so the driver's cost per head stays flat as history grows."""
         from ftl.vcs.bundles import head_bundle
+        from ftl.vcs.git import GitError
 
         with self._lock:
-            ref = self._bundles.get(base)
-            if ref is None:
-                ref = self._ray.put(head_bundle(self.repo, base))
-                self._bundles[base] = ref
-                while len(self._bundles) > _BUNDLES_KEPT:
-                    self._bundles.pop(next(iter(self._bundles)))
-            return ref
+            for index, (head, _) in enumerate(self._chain):
+                if head == base:
+                    return self._chain[:index + 1]
+            since = self._chain[-1][0] if self._chain else None
+            try:
+                data = head_bundle(self.repo, base, since)
+            except GitError:  # base is not after the last link (a race between lanes): whole
+                data = head_bundle(self.repo, base)
+            self._chain.append((base, self._ray.put(data)))
+            return list(self._chain)
 
     def _next(self, generator: Any, cancel: threading.Event, deadline: float,
               request: dict[str, Any]) -> dict[str, Any]:

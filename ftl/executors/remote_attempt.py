@@ -6,9 +6,10 @@ repository, store or event log. Everything that decides (retries, blocking, inte
 on the driver, which reads the returned dict.
 
 The attempt is a generator: it yields its placement first (so the driver can say where the task
-runs while it runs), then its result. Each attempt works in a fresh private checkout made from
-the base bundle and removed at the end, so a retry never sees a failed try's files and two
-attempts never see each other's.
+runs while it runs), then its result. Each attempt works in a fresh private checkout at its
+base, made from the machine's cache of the campaign's history (`ftl.vcs.bundles.NodeCache`)
+and removed at the end, so a retry never sees a failed try's files and two attempts never see
+each other's. The cache (``<tmp>/ftl-ray-cache/<campaign_id>``) stays for later attempts.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ import shutil
 import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from ftl.server.tools.proc import run_command
-from ftl.vcs.bundles import checkout_from_bundle, commit_bundle
+from ftl.vcs.bundles import NodeCache, commit_bundle
 from ftl.vcs.scope import out_of_scope
 from ftl.vcs.worktrees import TaskTree, Worktrees
 
-__all__ = ["run_attempt", "placement", "OUTPUT_TAIL_BYTES"]
+__all__ = ["run_attempt", "placement", "cache_root", "OUTPUT_TAIL_BYTES"]
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 
@@ -45,7 +46,13 @@ def _command(command: str, cwd: Path, timeout_s: float, env: dict[str, str],
             "duration_ms": result.duration_ms, "timeout_s": timeout_s}
 
 
-def run_attempt(request: dict[str, Any], base_bundle: bytes, node: str) -> Iterator[dict[str, Any]]:
+def cache_root(campaign_id: str) -> Path:
+    """This machine's cache of a campaign's history (shared by the nodes and workers on it)."""
+    return Path(tempfile.gettempdir()) / "ftl-ray-cache" / campaign_id
+
+
+def run_attempt(request: dict[str, Any], chain: Sequence[tuple[str, Callable[[], bytes]]],
+                node: str) -> Iterator[dict[str, Any]]:
     """Run one attempt of one task; yield `placement`, then the result.
 
     Args:
@@ -56,7 +63,7 @@ def run_attempt(request: dict[str, Any], base_bundle: bytes, node: str) -> Itera
             (paths the task may change), ``spec`` (for the commit's Ftl-Spec trailer),
             ``env`` (extra environment), ``output_limit_bytes``, ``idioms`` and
             ``frameworks`` (checked on the changed files, `ftl.idioms`).
-        base_bundle: `ftl.vcs.bundles.head_bundle` of ``base``.
+        chain: the bundle links ending at ``base`` (`ftl.vcs.bundles.NodeCache.ensure`).
         node: this node's id (12 hex characters).
 
     Yields:
@@ -80,7 +87,9 @@ def run_attempt(request: dict[str, Any], base_bundle: bytes, node: str) -> Itera
     scratch = Path(tempfile.mkdtemp(prefix=f"ftl-{request['campaign_id']}-{request['name']}-"))
     try:
         checkout = scratch / "repo"
-        checkout_from_bundle(base_bundle, checkout, request["base"])
+        cache = NodeCache(cache_root(request["campaign_id"]))
+        cache.ensure(chain)
+        cache.checkout(checkout, request["base"])
         env = {"FTL_WORKSPACE_ID": request["name"], "FTL_TASK_SEQ": request["seq"],
                "FTL_ATTEMPT": str(request["attempt"]), "FTL_CAMPAIGN_ID": request["campaign_id"],
                "FTL_NODE": node, **(request.get("env") or {})}
