@@ -812,6 +812,19 @@ class Store:
         result["total"] = sum(r[1] for r in rows)
         return result
 
+    def place_task(self, campaign_id: str, seq: str, worker: str) -> bool:
+        """Say where a running task's attempt runs (its ``worker``, e.g. ``"w2 on node
+        8242c3f210a1 (pid 4242 on host)"``, once a cluster placed it; issue 14).
+
+        Returns:
+            True when the task was running and its row now says so; False otherwise (the
+            task ended meanwhile: nothing changes).
+        """
+        with self._session(write=True) as conn:
+            return conn.execute(
+                "UPDATE task SET worker = ? WHERE campaign_id = ? AND seq = ? AND status = 'running'",
+                (worker, campaign_id, _seq(seq))).rowcount == 1
+
     def transition_task(self, campaign_id: str, seq: str, to: TaskStatus | str, *,
                         reason: str | None = None, blocked_by: list[str] | None = None,
                         delivered: str | None = None, worker: str | None = None) -> dict:
