@@ -19,7 +19,12 @@ and prints events/s, the ratios to the bare parse (target: at most 2x) and peak 
 (``VmHWM``) for each. ``--sizes`` measures several log sizes with the same mix: flat memory
 means the replay's peak RSS stays the same as the log grows tenfold.
 
-Usage: python bench/bench_replay.py [--sizes 100000,1000000] [--repeat 3] [--seed 7] [--dir DIR] [--keep]
+``--nodes N`` places the workers on N nodes (the driver and N-1 Ray nodes; issue 14's
+``node`` on every ``TASK_START``/``TASK_END``), so the text postmortem names a node per attempt;
+the default, 0, writes no ``node`` (a log from before issue 14, byte for byte).
+
+Usage: python bench/bench_replay.py [--sizes 100000,1000000] [--repeat 3] [--seed 7] [--nodes 0]
+       [--dir DIR] [--keep]
 """
 
 from __future__ import annotations
@@ -81,9 +86,16 @@ CONFIG = {"agent_command": None, "explorer_quorum": 3, "explorer_timeout_s": 300
           "stuck_threshold": 3, "transient_retries": 1, "verify_timeout_s": 300.0}
 
 
-def generate(path: Path, events: int, seed: int) -> dict[str, int]:
-    """Write a log of about ``events`` events; return counts of what it holds."""
+def generate(path: Path, events: int, seed: int, nodes: int = 0) -> dict[str, int]:
+    """Write a log of about ``events`` events, the workers on ``nodes`` nodes (0: no ``node``
+    field); return counts of what it holds."""
     rng = random.Random(seed)
+    node_ids = ["driver"] + [f"{0x3f2a9c1b0d00 + i:012x}" for i in range(1, nodes)]
+
+    def where(worker: str) -> dict[str, str]:
+        # Worker wN runs on node N mod nodes; the seeded choices of the mix stay the same.
+        return {"node": node_ids[int(worker[1:]) % nodes]} if nodes else {}
+
     # About 4.43 events per task with this mix (measured), so size the plan from the target.
     tasks = max(10, int(events / 4.43))
     seqs = [f"{i:06d}" for i in range(1, tasks + 1)]
@@ -147,7 +159,8 @@ def generate(path: Path, events: int, seed: int) -> dict[str, int]:
                 started_count += 1
                 used = {w for _, w, _ in running}
                 worker = next(f"w{i}" for i in range(1, 9) if f"w{i}" not in used)
-                w.emit("TASK_START", task_seq=seq, worker=worker, attempt=1, workspace_id=f"{seq}-task")
+                w.emit("TASK_START", task_seq=seq, worker=worker, attempt=1, workspace_id=f"{seq}-task",
+                       **where(worker))
                 running.append((seq, worker, 0))
                 if started_count == crash_at:  # the process dies here; the resume appends to this file
                     for seq_r, worker_r, _ in running:
@@ -162,7 +175,7 @@ def generate(path: Path, events: int, seed: int) -> dict[str, int]:
                     for seq_r, _worker, _ in running:
                         worker_r = f"w{len(restarted) + 1}"
                         w.emit("TASK_START", task_seq=seq_r, worker=worker_r, attempt=2,
-                               workspace_id=f"{seq_r}-task")
+                               workspace_id=f"{seq_r}-task", **where(worker_r))
                         restarted.append((seq_r, worker_r, 0))
                     running = restarted
             if not running:
@@ -183,7 +196,7 @@ def generate(path: Path, events: int, seed: int) -> dict[str, int]:
                 w.emit("RECOVERY_ATTEMPT", op_id=f"op{op}", strategy="block_task", success=True,
                        task_seq=seq, error_type="dependency_missing")
                 w.emit("TASK_END", task_seq=seq, worker=worker, status="blocked",
-                       error_type="dependency_missing", duration_ms=None)
+                       error_type="dependency_missing", duration_ms=None, **where(worker))
                 blocked.add(seq)
                 counts["failures"] += 1
                 counts["blocked"] += 1
@@ -217,7 +230,7 @@ def generate(path: Path, events: int, seed: int) -> dict[str, int]:
                     counts["failures"] += 1
                     counts["retries"] += 1
             w.emit("TASK_END", task_seq=seq, worker=worker, status="complete", error_type=None,
-                   duration_ms=rng.randint(50, 5000))
+                   duration_ms=rng.randint(50, 5000), **where(worker))
             done.add(seq)
         w.move("cascade", "CASCADE")
         unreachable = sorted(s for s in blocked if depends[s] and any(d in blocked for d in depends[s]))
@@ -304,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000,1000000", help="comma-separated event counts")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--nodes", type=int, default=0,
+                        help="place the workers on this many nodes (0: logs without node)")
     parser.add_argument("--dir", type=Path, help="where to write the logs (default: a temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the generated logs")
     parser.add_argument("--repeat", type=int, default=1, help="runs per measurement (best is kept)")
@@ -320,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         for size in (int(s) for s in args.sizes.split(",")):
             path = work / f"c-bench-{size}.jsonl"
             t0 = time.perf_counter()
-            counts = generate(path, size, args.seed)
+            counts = generate(path, size, args.seed, args.nodes)
             gen_s = time.perf_counter() - t0
             mb = path.stat().st_size / 1e6
             print(f"log: {counts['events']:,} events, {mb:,.0f} MB ({counts['tasks']:,} tasks, "

@@ -202,12 +202,18 @@ def _sigterm_as_interrupt() -> None:
 @click.option("--isolation", type=click.Choice(["auto", "worktree", "shared"]),
               help="Where tasks run: a git worktree each, or the shared checkout (default: "
                    "ftl.toml's isolation, else auto = worktree in a git work tree).")
+@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]),
+              help="Where task attempts run: this machine, or a Ray cluster (default: "
+                   "ftl.toml's [executor] kind, else local).")
+@click.option("--ray-address", help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
+                                    "(default: [executor] address, else auto).")
 @metrics_option
 @json_option
 @handled
 def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Path | None, repo: Path,
                  jobs: int | None, config_path: Path | None, server: str | None,
-                 isolation: str | None, metrics_file: Path | None, as_json: bool) -> int:
+                 isolation: str | None, executor_kind: str | None, ray_address: str | None,
+                 metrics_file: Path | None, as_json: bool) -> int:
     """Run a campaign to its end.
 
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
@@ -226,7 +232,8 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
                 {"path": "OBJECTIVE", "message": "give an objective or a plan with one",
                  "keyword": "required"}]})
         runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server,
-                               isolation=isolation)
+                               isolation=isolation, executor_kind=executor_kind,
+                               ray_address=ray_address)
     except BaseException:
         from ftl.intent import discard_intent
 
@@ -274,17 +281,23 @@ def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
               help="Kill at once the build and verify commands the interrupted run left running "
                    "(default: let them finish, up to their task timeout, so a finished build is "
                    "reused rather than run again).")
+@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]),
+              help="Where task attempts run: this machine, or a Ray cluster (default: "
+                   "ftl.toml's [executor] kind, else local).")
+@click.option("--ray-address", help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
+                                    "(default: [executor] address, else auto).")
 @metrics_option
 @json_option
 @handled
 def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, config_path: Path | None,
-                    server: str | None, kill_leftovers: bool, metrics_file: Path | None,
-                    as_json: bool) -> int:
+                    server: str | None, kill_leftovers: bool, executor_kind: str | None,
+                    ray_address: str | None, metrics_file: Path | None, as_json: bool) -> int:
     """Resume an interrupted campaign: completed tasks are kept, in-flight ones re-run fresh.
 
     Same output and exit codes as `ftl campaign run`.
     """
-    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server)
+    runner, view = _runner(repo, config_path, as_json, jobs=jobs, server=server,
+                           executor_kind=executor_kind, ray_address=ray_address)
     runner.wait_for_leftovers = not kill_leftovers
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file)
@@ -307,6 +320,7 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     record = data["campaign"]
     lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
     lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}"
+              + (f"  on {t['worker']}" if t.get("worker") else "")
               + (f"  ${t['cost_usd']:.4f} ({t['num_turns']} turns)" if t.get("cost_usd") is not None
                  else "") for t in data["tasks"]]
     if record.get("cost_usd") is not None:

@@ -41,6 +41,21 @@ class ClaudeSettings(BaseModel):
         "No stream event for this long (s): the agent is stalled, stopped and resumed once."))
 
 
+class ExecutorSettings(BaseModel):
+    """The ``[executor]`` table: where task attempts run (issue 14).
+
+    ``kind = "local"`` (default): on this machine. ``kind = "ray"``: each attempt's build and
+    verify run as one Ray task on a cluster at ``address`` (``"auto"``: the cluster started on
+    this machine with ``ray start``; ``"HOST:PORT"`` of a head node; ``"ray://HOST:PORT"``);
+    needs ``pip install 'ftl-runner[ray]'`` and git on every node.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["local", "ray"] = Field("local", description="local | ray.")
+    address: str = Field("auto", min_length=1, description="Ray cluster address (kind = ray).")
+
+
 class Config(BaseModel):
     """Runner configuration. Units are in the names (``_s`` seconds, ``_ms`` milliseconds)."""
 
@@ -80,6 +95,7 @@ class Config(BaseModel):
         "Where tasks run: 'worktree' (a git worktree per task, results integrated as commits), "
         "'shared' (every task in the repository's own checkout) or 'auto' (worktree in a git "
         "work tree with a commit, else shared)."))
+    executor: ExecutorSettings = Field(default_factory=ExecutorSettings)
     gates: dict[str, Any] = Field(default_factory=dict, description=(
         "The [gates] table: visibility, governance, policy and approval (parsed and checked by "
         "ftl.gate)."))
@@ -90,7 +106,8 @@ class Config(BaseModel):
 
 
 def load_config(path: Path | None, repo: Path, **overrides: Any) -> Config:
-    """Read ``path`` (or ``<repo>/ftl.toml`` when present) and apply CLI ``overrides``.
+    """Read ``path`` (or ``<repo>/ftl.toml`` when present) and apply CLI ``overrides``
+    (``executor_kind`` and ``ray_address`` go into the ``[executor]`` table).
 
     Raises:
         FtlError(configuration_error): unreadable TOML or a field outside its range; the
@@ -107,6 +124,12 @@ def load_config(path: Path | None, repo: Path, **overrides: Any) -> Config:
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise FtlError("configuration_error", {"problem": f"{source.name}: {exc}"}) from None
         data = data.get("ftl", data)
+    executor = {"executor_kind": "kind", "ray_address": "address"}
+    for flag, key in executor.items():  # --executor / --ray-address fill the [executor] table
+        value = overrides.pop(flag, None)
+        if value is not None:
+            table = data.get("executor")
+            data["executor"] = {**(table if isinstance(table, dict) else {}), key: value}
     data.update({k: v for k, v in overrides.items() if v is not None})
     try:
         return Config.model_validate(data)

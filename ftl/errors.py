@@ -231,6 +231,12 @@ _ROWS: tuple[ErrorKind, ...] = (
          "The task was retried once, continuing the same agent session; if it stalls again, "
          "raise idle_timeout_s in ftl.toml or split the task.",
          ("seq", "idle_timeout_s", "session_id")),
+    # --- Task attempts on a Ray cluster (issue 14).
+    _row("worker_lost", T, Route.BLOCK_TASK, "x-worker_lost", -32093, ("unavailable", "WORKER_LOST"),
+         "Task {seq}'s Ray worker or node was lost ({cause}).",
+         "The attempt was retried once on the cluster; if it is lost again, check the nodes "
+         "(`ray status`) and resume the campaign.", ("seq", "cause"), http_status=503,
+         recoverable=True),
     _row("agent_login_required", S, Route.SUMMARY, "auth_required", -32094,
          ("authentication", "AGENT_NOT_LOGGED_IN"),
          "The Claude Code CLI is not logged in: {problem}.",

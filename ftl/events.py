@@ -37,6 +37,7 @@ RECOVERY_ATTEMPT = "RECOVERY_ATTEMPT"
 READY_TASKS = "READY_TASKS"
 TASK_START = "TASK_START"
 TASK_END = "TASK_END"
+TASK_PLACED = "TASK_PLACED"          # a cluster started a task's attempt on a node (issue 14)
 TASK_COMMIT = "TASK_COMMIT"          # a verified task's result committed in its worktree
 TASK_INTEGRATED = "TASK_INTEGRATED"  # that commit integrated into the campaign's branch
 MERGE_CONFLICT = "MERGE_CONFLICT"    # that commit conflicts with the integration head
@@ -66,8 +67,8 @@ RATE_GATE = "RATE_GATE"
 # Events that are actions: replay checks that each lies inside a state (design.md §6).
 ACTION_EVENTS = frozenset({
     TOOL_CALL, TOOL_FAILURE, FAILURE_CLASSIFIED, RETRY, RECOVERY_ATTEMPT, READY_TASKS,
-    TASK_START, TASK_END, TASK_COMMIT, TASK_INTEGRATED, MERGE_CONFLICT, ORPHANS_WAITING,
-    EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
+    TASK_START, TASK_END, TASK_PLACED, TASK_COMMIT, TASK_INTEGRATED, MERGE_CONFLICT,
+    ORPHANS_WAITING, EXPLORER_RESULT, PARTIAL_FAILURE, PLAN_DECISION,
     PLAN_VALIDATION_FAILED, PLAN_REGISTERED, CASCADE_STATUS, CASCADE_ANALYSIS, CASCADE_REPLAN,
     CASCADE_MERGE_FAILED, CASCADE_PROPAGATE, OBSERVATION, ERROR_ROUTE, RETURN, GATE_DECISION,
     RATE_GATE,
@@ -282,6 +283,22 @@ def iter_many(paths: Iterable[Path], report: ReadReport | None = None) -> Iterat
         yield from read_events(path, report)
 
 
+class TaskPlacedFields(BaseModel):
+    """``TASK_PLACED``: a Ray cluster started one attempt of a task on a node (issue 14).
+
+    ``TASK_START`` comes first (``executor: "ray"``, no node: Ray picks it); ``TASK_END``
+    repeats ``node`` and ``node_worker``. Tasks run on the driver say ``node: "driver"`` in
+    ``TASK_START`` and ``TASK_END`` and have no ``TASK_PLACED``.
+    """
+
+    task_seq: str
+    attempt: int = Field(ge=1)
+    try_number: int = Field(ge=1, description="The recovery protocol's try (1, then retries).")
+    node: str = Field(description="The Ray node id's first 12 hex digits.")
+    node_worker: str = Field(description="The worker process there, e.g. 'pid 4242 on host-2'.")
+    worker: str = Field(description="The driver's lane that drives the task (w1, w2, ...).")
+
+
 class TaskCommitFields(BaseModel):
     """``TASK_COMMIT``: a verified task's result committed in its worktree."""
 
@@ -328,6 +345,7 @@ class RateGateFields(BaseModel):
 
 #: Events whose own fields have a schema (``schemas/event.schema.json``, ``$defs``).
 EVENT_FIELDS: dict[str, type[BaseModel]] = {
+    TASK_PLACED: TaskPlacedFields,
     TASK_COMMIT: TaskCommitFields, TASK_INTEGRATED: TaskIntegratedFields,
     MERGE_CONFLICT: MergeConflictFields, RATE_GATE: RateGateFields,
 }

@@ -156,6 +156,14 @@ class Idioms(BaseModel):
     forbidden: list[IdiomEntry] = Field(default_factory=list)
 
 
+class TaskResources(BaseModel):
+    """A task's reservation on a Ray node (issue 14): Ray schedules the attempt where it fits."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_cpus: float = Field(1.0, ge=0, le=1024, description="CPUs reserved while the attempt runs.")
+
+
 class Task(BaseModel):
     """One node of the plan DAG (FTL plan.json task, plus ftl's ``run`` and ``timeout_s``).
 
@@ -183,6 +191,9 @@ class Task(BaseModel):
     isolation: Literal["worktree", "shared"] | None = Field(
         default=None, description="Where the task runs: its own git worktree, or the shared "
                                   "checkout; default: the campaign's isolation (ftl.toml).")
+    resources: TaskResources | None = Field(
+        default=None, description="What one attempt reserves on a cluster node (executor kind "
+                                  "ray); default 1 CPU.")
 
     @field_validator("seq", mode="before")
     @classmethod

@@ -112,6 +112,7 @@ class Run:
     cancel: threading.Event = field(default_factory=threading.Event)
     isolation: str = "shared"  # the campaign's default: "worktree" or "shared"
     worktrees: Any = None  # ftl.vcs.worktrees.Worktrees when worktree isolation is possible
+    cluster: Any = None  # ftl.executors.ray_cluster.RayCluster with [executor] kind = "ray"
     agent_limits: AgentLimits = field(default_factory=AgentLimits)  # shared by agent builders
     machine_state: str = State.INIT.value  # set by transitions
 
@@ -141,6 +142,13 @@ class Run:
     def task_isolation(self, task: Any) -> str:
         """``worktree`` or ``shared`` for ``task``: its own ``isolation``, else the campaign's."""
         return task.isolation or self.isolation
+
+    def runs_on_cluster(self, task: Any) -> bool:
+        """Whether ``task``'s attempts go to the Ray cluster: a cluster is connected, the task
+        is isolated in a worktree (its result is a commit) and its builder is the shell
+        builder (agent builders need the driver's agent CLI and login). Else the driver."""
+        return (self.cluster is not None and self.worktrees is not None
+                and self.task_isolation(task) == "worktree" and task.builder_kind == "shell")
 
     def tracked_json(self) -> dict[str, Any]:
         """The tracked variables as stored: `Tracked` plus the ``replan_merged`` marker while a
@@ -292,12 +300,14 @@ class Runner:
                  pid=os.getpid(), config=self.config.model_dump(mode="json"),
                  isolation=isolation, plan_sha256=plan_sha256,
                  **({"notice": notice} if notice else {}))
-        client = self._connect_or_stop(log)
+        client, cluster = self._connect_or_stop(log)
         try:
             run = self._make_run(campaign, Tracked(), plan_input, revised_plan_input,
-                                 client=client, log=log)
+                                 client=client, log=log, cluster=cluster)
         except BaseException:
             _close(client)
+            if cluster is not None:
+                cluster.shutdown()
             log.close()
             raise
         return self._drive(run, CampaignMachine(run, flow, State.INIT))
@@ -342,6 +352,8 @@ class Runner:
             except BaseException:  # not driving yet: close what _make_run opened
                 run.log.close()
                 _close(run.tools.client)
+                if run.cluster is not None:
+                    run.cluster.shutdown()
                 raise
             run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
                          resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"),
@@ -411,11 +423,26 @@ class Runner:
             log.subscribe(self.on_event)
         return log
 
+    def _connect_cluster(self) -> Any:
+        """The Ray cluster of ``[executor] kind = "ray"`` (`ftl.executors.ray_cluster`), or
+        None for the local executor. Raises FtlError(configuration_error) when it cannot."""
+        if self.config.executor.kind != "ray":
+            return None
+        from ftl.executors.ray_cluster import RayCluster
+
+        return RayCluster(self.config.executor.address, self.repo)
+
     def _connect_or_stop(self, log: ev.EventLog) -> Any:
-        """Connect to the tool server; if that fails (or is interrupted), end the log as a
+        """Connect to the tool server (and the Ray cluster, when configured): ``(client,
+        cluster)``; if that fails (or is interrupted), end the log as a
         stopped run, leave the campaign active for `resume`, and re-raise."""
         try:
-            return self.client_factory(self.config, self.repo)
+            client = self.client_factory(self.config, self.repo)
+            try:
+                return client, self._connect_cluster()
+            except BaseException:
+                _close(client)
+                raise
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 if isinstance(exc, KeyboardInterrupt):
@@ -442,9 +469,15 @@ class Runner:
 
     def _make_run(self, campaign: dict[str, Any], tracked: Tracked, plan_input: dict | None,
                   revised_plan_input: dict | None, client: Any = None,
-                  log: ev.EventLog | None = None) -> Run:
+                  log: ev.EventLog | None = None, cluster: Any = None) -> Run:
         campaign_id = campaign["id"]
-        client = client if client is not None else self.client_factory(self.config, self.repo)
+        if client is None:
+            client = self.client_factory(self.config, self.repo)
+            try:
+                cluster = self._connect_cluster()
+            except BaseException:
+                _close(client)
+                raise
         log = log if log is not None else self._open_log(campaign_id)
         cancel = threading.Event()
         isolation = (campaign.get("inputs") or {}).get("isolation") or "shared"
@@ -466,7 +499,7 @@ class Runner:
                    campaign_id=campaign_id, flow=Flow(campaign.get("flow") or "campaign"),
                    objective=campaign["objective"], tracked=tracked, plan_input=plan_input,
                    revised_plan_input=revised_plan_input, cancel=cancel, isolation=isolation,
-                   worktrees=worktrees)
+                   worktrees=worktrees, cluster=cluster)
 
     def _drive(self, run: Run, machine: CampaignMachine, resumed: bool = False) -> RunResult:
         """Run states until the run finishes; always ends the log with ``RUN_END`` and closes
@@ -529,6 +562,8 @@ class Runner:
             with contextlib.suppress(Exception):
                 run.log.close()
             _close(run.tools.client)
+            if run.cluster is not None:
+                run.cluster.shutdown()
 
     def _reap_orphans(self, run: Run, state: State) -> None:
         """Before a resumed run does anything: let the build and verify commands the crashed

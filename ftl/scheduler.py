@@ -15,8 +15,10 @@ What the scheduler does not do:
 - Persistence. ``on_start`` / ``on_finish`` run in the scheduler thread, so the runner writes
   the store row and the event there (event before action) without locking.
 
-Threads: ``run()`` is the scheduler thread; ``run_task`` runs in a pool of at most ``jobs``
-worker threads. Ctrl-C (KeyboardInterrupt in the scheduler thread) cancels the shared token,
+Threads: ``run()`` is the scheduler thread; ``run_task`` runs on an executor
+(`ftl.executors.base.Executor`: by default `ftl.executors.local.LocalExecutor`, a pool of at
+most ``jobs`` driver threads; the Ray executor uses the same threads to drive tasks whose
+commands run on a cluster). Ctrl-C (KeyboardInterrupt in the scheduler thread) cancels the shared token,
 waits for the running tasks to return, reports them through ``on_finish`` and re-raises.
 """
 
@@ -24,13 +26,13 @@ from __future__ import annotations
 
 import heapq
 import logging
-import queue
 import threading
 from dataclasses import dataclass, field
 from graphlib import CycleError, TopologicalSorter
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
+from ftl.executors.base import Executor
 
 __all__ = ["CancelToken", "Scheduler", "TaskOutcome", "OUTCOME_STATUSES", "critical_path_priority"]
 
@@ -183,6 +185,9 @@ class Scheduler:
         priority: ``seq -> sort key``; when several tasks are ready, the lowest key starts
             first, ties by seq. None: by seq number (``"9"`` before ``"10"``). See
             `critical_path_priority`.
+        executor: where ``run_task`` calls run (`ftl.executors.base.Executor`); a new
+            `ftl.executors.local.LocalExecutor` when None. The scheduler starts it with
+            ``min(jobs, runnable tasks)`` slots and closes it before ``run()`` returns.
 
     Worker names are ``"w1"`` .. ``"w{jobs}"``; a name is used by at most one running task at
     a time and the lowest free name is taken first, so a name is a lane of a Gantt chart.
@@ -198,7 +203,8 @@ class Scheduler:
                  on_start: OnStart | None = None, on_finish: OnFinish | None = None,
                  done: Iterable[str] = (), blocked: Iterable[str] = (),
                  cancel: CancelToken | None = None,
-                 priority: Callable[[str], Any] | None = None) -> None:
+                 priority: Callable[[str], Any] | None = None,
+                 executor: Executor | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise FtlError("configuration_error", {
                 "problem": f"jobs must be an integer >= 1, got {jobs!r}",
@@ -209,6 +215,11 @@ class Scheduler:
         self._on_finish = on_finish
         self._token = cancel if cancel is not None else CancelToken()
         self._priority = priority
+        if executor is None:
+            from ftl.executors.local import LocalExecutor
+
+            executor = LocalExecutor()
+        self._executor = executor
 
         bad = sorted((str(seq) for seq, ds in deps.items() if isinstance(ds, (str, bytes))))
         if bad:
@@ -242,10 +253,10 @@ class Scheduler:
         self._free_workers: list[int] = list(range(1, jobs + 1))  # heap of lane numbers
         self._running: dict[str, str] = {}                  # seq -> worker, submitted or being
         self._outcomes: dict[str, TaskOutcome] = {}
-        # Written by workers (list.append is atomic), read by the scheduler thread in order.
+        # Written by the task calls (list.append is atomic) before the executor reports them, so
+        # an interrupt in the scheduler thread can never lose an outcome; read here in order.
         self._finish_log: list[tuple[str, str, TaskOutcome]] = []
         self._reaped = 0
-        self._wakeup: queue.SimpleQueue[str] = queue.SimpleQueue()
         self._stop_error: BaseException | None = None
         self._started = False
         self._pending = sum(1 for s in graph if s not in self._done_seed and s not in self._blocked_seed)
@@ -288,13 +299,14 @@ class Scheduler:
         if self._started:
             raise FtlError("invalid_state", {"trigger": "run", "state": "scheduler already ran"})
         self._started = True
-        pool = _Pool(max(1, min(self._jobs, self._pending)), self._execute)
+        pool = self._executor
         try:
-            pool.start()
+            pool.start(max(1, min(self._jobs, self._pending)), self._execute)
             self._loop(pool)
             pool.close()
         except BaseException as interrupt:  # Ctrl-C, or a bug here: never leave tasks running
             self._token.cancel()
+            pool.cancel()
             self._drain_after_interrupt(pool, interrupt)
             raise
         if self._stop_error is not None:
@@ -303,16 +315,16 @@ class Scheduler:
 
     # -- scheduler thread -----------------------------------------------------------------
 
-    def _loop(self, pool: _Pool) -> None:
+    def _loop(self, pool: Executor) -> None:
         self._sorter.prepare()
         self._collect_ready()
         while True:
             self._start_ready(pool)
             if not self._running:
                 return
-            try:
-                self._wakeup.get(timeout=_POLL_S)
-            except queue.Empty:
+            if self._token.cancelled:
+                pool.cancel()  # a cancel from outside (signal, MCP): stop remote work too
+            if pool.next_finished(_POLL_S) is None:
                 continue
             self._reap()
 
@@ -325,7 +337,7 @@ class Scheduler:
     def _may_start(self) -> bool:
         return self._stop_error is None and not self._token.cancelled
 
-    def _start_ready(self, pool: _Pool) -> None:
+    def _start_ready(self, pool: Executor) -> None:
         while self._ready and self._free_workers and self._may_start():
             *_, seq = heapq.heappop(self._ready)
             worker = f"w{heapq.heappop(self._free_workers)}"
@@ -371,8 +383,8 @@ class Scheduler:
                       exc_info=exc)
             self._stop_error.add_note(f"also: {where} for task {seq} raised {exc!r}")
 
-    def _drain_after_interrupt(self, pool: _Pool, interrupt: BaseException) -> None:
-        pool.close()  # every task handed to the pool has returned and logged its outcome
+    def _drain_after_interrupt(self, pool: Executor, interrupt: BaseException) -> None:
+        pool.close()  # every task handed to the executor has returned and logged its outcome
         pending = self._finish_log[self._reaped:]
         self._reaped = len(self._finish_log)
         finished = {seq for seq, _, _ in pending}
@@ -394,7 +406,7 @@ class Scheduler:
 
     # -- worker threads -------------------------------------------------------------------
 
-    def _execute(self, seq: str, worker: str) -> None:
+    def _execute(self, seq: str, worker: str) -> TaskOutcome:
         try:
             if self._token.cancelled:  # cancelled between submit and pick-up: do not start
                 outcome = TaskOutcome(seq, "cancelled", {"reason": "cancelled_before_start"})
@@ -407,7 +419,7 @@ class Scheduler:
                 "exception": type(exc).__name__,
             })
         self._finish_log.append((seq, worker, outcome))
-        self._wakeup.put(seq)
+        return outcome
 
     @staticmethod
     def _checked(seq: str, outcome: object) -> TaskOutcome:
@@ -417,42 +429,3 @@ class Scheduler:
         return TaskOutcome(seq, "blocked", {
             "error_type": "internal_error", "reason": "run_task returned no TaskOutcome for this seq",
         })
-
-
-class _Pool:
-    """A fixed set of worker threads fed by one FIFO inbox.
-
-    Used instead of ``concurrent.futures.ThreadPoolExecutor`` because ``submit`` there can
-    start a thread, and a KeyboardInterrupt landing inside that start leaves a running thread
-    the executor no longer joins, so a drain could return while a task still runs. Here every
-    thread exists before the first task, ``SimpleQueue.put`` is atomic, and ``close`` queues
-    one stop marker per thread behind any task already queued, then joins: after it returns,
-    every task ever handed in has run.
-    """
-
-    def __init__(self, size: int, execute: Callable[[str, str], None]) -> None:
-        self._size = size
-        self._execute = execute
-        self._inbox: queue.SimpleQueue[tuple[str, str] | None] = queue.SimpleQueue()
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        for number in range(1, self._size + 1):
-            thread = threading.Thread(target=self._work, name=f"ftl-task-{number}")
-            self._threads.append(thread)  # before start(): an interrupt in start() keeps it joinable
-            thread.start()
-
-    def submit(self, seq: str, worker: str) -> None:
-        self._inbox.put((seq, worker))
-
-    def close(self) -> None:
-        """Stop the threads once the queued tasks ran; idempotent."""
-        for _ in range(self._size):
-            self._inbox.put(None)
-        for thread in self._threads:
-            if thread.is_alive():
-                thread.join()
-
-    def _work(self) -> None:
-        while (item := self._inbox.get()) is not None:
-            self._execute(*item)

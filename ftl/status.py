@@ -11,7 +11,7 @@ from typing import Any
 from ftl import dag
 
 CAMPAIGN_KEYS = ("id", "objective", "status", "flow", "machine_state", "created_at", "finished_at")
-TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by")
+TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by", "worker")
 
 
 def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any] | None:
@@ -43,6 +43,9 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
     cascade = dag.cascade_status({t["seq"]: t["depends"] for t in tasks},
                                  {t["seq"]: t["status"] for t in tasks})
     rows = [{key: t.get(key) for key in TASK_KEYS} for t in tasks]
+    for row in rows:  # where a task runs matters only while it runs
+        if row["status"] != "running":
+            row["worker"] = None
     for row in rows:
         row.update(spend.get(row["seq"]) or {"cost_usd": None, "num_turns": None})
     known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]

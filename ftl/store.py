@@ -195,6 +195,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             UNIQUE (name, type)
         )""",
     ),
+    # 2: FTL's `plan.py mark-executed` (a plan version marked executed while its campaign runs).
+    ("ALTER TABLE plan ADD COLUMN executed_at TEXT",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -677,6 +679,28 @@ class Store:
                                (campaign_id, version)).fetchone()
         return None if row is None else row[0]
 
+    def mark_plan_executed(self, campaign_id: str, version: int) -> str:
+        """Mark plan ``version`` of the campaign executed (FTL ``plan.py mark-executed``); return
+        when it was first marked (RFC 3339 UTC; marking again keeps the first time).
+
+        Raises: FtlError(not_found) for an unknown campaign or version.
+        """
+        with self._session(write=True) as conn:
+            self._campaign_row(conn, campaign_id)
+            conn.execute("UPDATE plan SET executed_at = COALESCE(executed_at, ?) WHERE campaign_id = ? "
+                         "AND version = ?", (self._now(), campaign_id, version))
+            row = conn.execute("SELECT executed_at FROM plan WHERE campaign_id = ? AND version = ?",
+                               (campaign_id, version)).fetchone()
+        if row is None:
+            raise FtlError("not_found", {"what": f"plan version {version} of campaign {campaign_id}"})
+        return row[0]
+
+    def executed_plan_versions(self, campaign_id: str) -> set[int]:
+        """The campaign's plan versions marked executed (`mark_plan_executed`)."""
+        with self._session() as conn:
+            return {r[0] for r in conn.execute("SELECT version FROM plan WHERE campaign_id = ? AND "
+                                               "executed_at IS NOT NULL", (campaign_id,))}
+
     def plan_versions(self, campaign_id: str) -> list[int]:
         """The campaign's saved plan versions, ascending."""
         with self._session() as conn:
@@ -793,6 +817,19 @@ class Store:
         result.update({r[0]: r[1] for r in rows})
         result["total"] = sum(r[1] for r in rows)
         return result
+
+    def place_task(self, campaign_id: str, seq: str, worker: str) -> bool:
+        """Say where a running task's attempt runs (its ``worker``, e.g. ``"w2 on node
+        8242c3f210a1 (pid 4242 on host)"``, once a cluster placed it; issue 14).
+
+        Returns:
+            True when the task was running and its row now says so; False otherwise (the
+            task ended meanwhile: nothing changes).
+        """
+        with self._session(write=True) as conn:
+            return conn.execute(
+                "UPDATE task SET worker = ? WHERE campaign_id = ? AND seq = ? AND status = 'running'",
+                (worker, campaign_id, _seq(seq))).rowcount == 1
 
     def transition_task(self, campaign_id: str, seq: str, to: TaskStatus | str, *,
                         reason: str | None = None, blocked_by: list[str] | None = None,

@@ -424,13 +424,13 @@ _SIMILARITY_WEIGHTS = (0.6, 0.3, 0.1)
 
 
 def similarity(current: dict[str, Any], other: dict[str, Any]) -> float:
-    """FTL's campaign similarity of two fingerprints, in [0, 1]: 0.6 x objective similarity (the
-    share of distinct words the previews have in common, Jaccard; FTL: embeddings or difflib) +
-    0.3 x delta-file Jaccard + 0.1 x (1 - task-count difference / larger count)."""
-    from ftl.memory.scoring import tokens
+    """FTL's campaign similarity of two fingerprints, in [0, 1]: 0.6 x objective similarity
+    (difflib's ratio of the lower-cased previews, FTL's rule without embeddings) + 0.3 x
+    delta-file Jaccard + 0.1 x (1 - task-count difference / larger count)."""
+    from difflib import SequenceMatcher
 
-    words_a, words_b = set(tokens(current["objective_preview"])), set(tokens(other["objective_preview"]))
-    objective = len(words_a & words_b) / len(words_a | words_b) if words_a | words_b else 0.0
+    preview_a, preview_b = current["objective_preview"].lower(), other["objective_preview"].lower()
+    objective = SequenceMatcher(None, preview_a, preview_b).ratio() if preview_a and preview_b else 0.0
     files_a, files_b = set(current["delta_files"]), set(other["delta_files"])
     files = len(files_a & files_b) / len(files_a | files_b) if files_a and files_b else 0.0
     count_a, count_b = current["task_count"], other["task_count"]

@@ -190,8 +190,15 @@ def output_mode(argv: list[str]) -> str:
     return mode if mode in OUTPUT_MODES else "envelope"
 
 
+class FtlText(str):
+    """An FTL payload FTL printed as plain text (e.g. ``benchmark.py report``), not as JSON."""
+
+
 def _print_ftl(value: Any, indent: int | None) -> None:
-    sys.stdout.write(json.dumps(value, indent=indent, default=str) + "\n")
+    if isinstance(value, FtlText):
+        sys.stdout.write(value + "\n" if value else "")  # FTL printed nothing for no lines
+    else:
+        sys.stdout.write(json.dumps(value, indent=indent, default=str) + "\n")
     sys.stdout.flush()
 
 

@@ -5,8 +5,8 @@ FTL decision_parser.py (enzokro/crinzo-plugins ``ftl/lib/decision_parser.py``, c
 ``decision_parser.py INPUT_FILE [--validate]`` prints ``{decision, markers_found, questions?
 (CLARIFY), plan_json?, validation?: {valid, errors}}``. The reading is ftl's planner parser
 (`ftl.server.tools.planner.parse_planner_output`) and the validation ftl's plan schema
-(`ftl.validation.parse_plan`), so ``markers_found`` names ftl's markers and ``errors`` ftl's
-violations (docs/ftl-compat.md). Exit codes in the FTL output mode are FTL's: 0 PROCEED,
+(`ftl.validation.parse_plan`), so ``markers_found`` names ftl's markers (FTL's patterns in the
+FTL output mode, `ftl_markers`) and ``errors`` ftl's violations (docs/ftl-compat.md). Exit codes in the FTL output mode are FTL's: 0 PROCEED,
 2 CLARIFY, 3 CONFIRM, 1 UNKNOWN or a missing file; the envelope mode exits 0 with the decision
 in ``data`` (2 for a missing file).
 """
@@ -26,6 +26,27 @@ from _common import EXIT_HELP, OUTPUT_OPTION, FtlRefusal, Reply, run
 
 #: FTL's exit code per decision (FTL_OUTPUT=ftl only).
 FTL_EXIT = {"PROCEED": 0, "CLARIFY": 2, "CONFIRM": 3, "UNKNOWN": 1}
+
+#: The marker names FTL printed in ``markers_found`` (its line patterns, matched case-blind
+#: line by line), per decision. FTL output mode only: the decision itself is ftl's parser's.
+FTL_MARKERS = {
+    "CLARIFY": (r"^### CLARIFY", r"^## Blocking Questions", r"^Confidence:\s*CLARIFY",
+                r"^Decision:\s*CLARIFY", r"CLARIFY.*need.*clarification"),
+    "CONFIRM": (r"^### Confidence:\s*CONFIRM", r"^Confidence:\s*CONFIRM", r"^Decision:\s*CONFIRM"),
+    "PROCEED": (r"^### Confidence:\s*PROCEED", r"^Confidence:\s*PROCEED", r"^Decision:\s*PROCEED",
+                r"```json\s*\{"),
+}
+
+
+def ftl_markers(decision: str, text: str) -> list[str]:
+    """FTL's ``markers_found`` for ``decision``: the first matching CLARIFY or CONFIRM pattern,
+    or every matching PROCEED pattern (FTL detect_decision's listing); [] for UNKNOWN."""
+    import re
+
+    lines = text.split("\n")
+    found = [p for p in FTL_MARKERS.get(decision, ())
+             if any(re.search(p, line, re.IGNORECASE) for line in lines)]
+    return found if decision == "PROCEED" else found[:1]
 
 
 def validation_of(plan: Any) -> dict[str, Any]:
@@ -76,7 +97,8 @@ def cli(input_file: Path, validate: bool, output: str | None) -> Reply:
                          message=f"File not found: {input_file.name}",
                          ftl_payload={"error": f"File not found: {input_file}"}) from None
     result = decide(text)
-    return Reply(result, ftl=result, ftl_exit=FTL_EXIT[result["decision"]])
+    ftl = {**result, "markers_found": ftl_markers(result["decision"], text)}
+    return Reply(result, ftl=ftl, ftl_exit=FTL_EXIT[result["decision"]])
 
 
 if __name__ == "__main__":

@@ -106,7 +106,8 @@ def analyze(env: Env, workspace_dir: str | None, no_verify: bool) -> Reply:
     data: {workspaces: {complete, blocked, active}, verified: [{workspace, status, reason}],
     failures_extracted: [{name, trigger, result}], patterns_extracted: [{name, score,
     breakdown, result}], relationships_added: n, feedback_recorded: {helped, not_helped}}.
-    No campaign -> NOT_FOUND.
+    FTL output: FTL's shape (``failures_extracted: [{name, result}]``, ``result`` ``added`` or
+    ``merged:<name>``, breakdown keys as in `ftl_breakdown`). No campaign -> NOT_FOUND.
     """
     from ftl.server.tools.context import ToolContext
     from ftl.server.tools.observer import ObserveArgs, observer
@@ -121,11 +122,36 @@ def analyze(env: Env, workspace_dir: str | None, no_verify: bool) -> Reply:
         for row in groups["blocked"]]
     env.close()  # the observer opens the store itself
     found = observer(ObserveArgs(campaign_id=campaign["campaign_id"]), ToolContext(repo=env.repo))
-    return Reply({"workspaces": {k: len(v) for k, v in groups.items()}, "verified": verified,
+    counts = {k: len(v) for k, v in groups.items()}
+    ftl = {"workspaces": counts, "verified": verified,
+           "failures_extracted": [{"name": f["name"], "result": _ftl_result(f)}
+                                  for f in found["failures_extracted"]],
+           "patterns_extracted": [{"name": p["name"], "score": p["score"],
+                                   "breakdown": ftl_breakdown(p["breakdown"]), "result": _ftl_result(p)}
+                                  for p in found["patterns_extracted"]],
+           "relationships_added": found["relationships_added"],
+           "feedback_recorded": found["feedback_recorded"]}
+    return Reply({"workspaces": counts, "verified": verified,
                   "failures_extracted": found["failures_extracted"],
                   "patterns_extracted": found["patterns_extracted"],
                   "relationships_added": found["relationships_added"],
-                  "feedback_recorded": found["feedback_recorded"]})
+                  "feedback_recorded": found["feedback_recorded"]}, ftl=ftl)
+
+
+def _ftl_result(extracted: dict) -> str:
+    """FTL's add result: ``added`` or ``merged:<name>`` (FTL had no "unchanged": adding an entry
+    again merged it)."""
+    return "added" if extracted["result"] == "added" else f"merged:{extracted['name']}"
+
+
+#: ftl's breakdown keys under FTL's names (FTL observer score_workspace).
+_FTL_BREAKDOWN_KEYS = {"clean_first_try": "first_try_success"}
+
+
+def ftl_breakdown(breakdown: dict[str, int]) -> dict[str, int]:
+    """A score breakdown with FTL's key names, in FTL's order (blocked_then_fixed,
+    first_try_success, ..., multi_file)."""
+    return {_FTL_BREAKDOWN_KEYS.get(k, k): v for k, v in breakdown.items()}
 
 
 def _workspace(env: Env, ref: str) -> dict:
@@ -157,14 +183,19 @@ def _observer_view(row: dict) -> dict[str, Any]:
 def score(env: Env, ref: str) -> Reply:
     """Score workspace ID for pattern extraction with ftl's observer rules (blocked then fixed
     +3, clean first try +2, more than one file +1; a pattern needs 3).
-    data: {score, breakdown, workspace}."""
+    data: {score, breakdown, workspace: as ``workspace.py parse`` prints it}; FTL output names ``clean_first_try`` FTL's
+    ``first_try_success``."""
     from ftl.server.tools.observer import score_pattern
 
     row = _workspace(env, ref)
     task = env.store.task(row["campaign_id"], row["seq"])
     attempts = env.store.workspaces(row["campaign_id"], seq=row["seq"])
+    from workspace import ftl_view, view  # the sibling lib/workspace.py
+
     points, breakdown = score_pattern(task, attempts)
-    return Reply({"score": points, "breakdown": breakdown, "workspace": _observer_view(row)})
+    # FTL's score printed the parsed workspace, as `workspace.py parse` does
+    return Reply({"score": points, "breakdown": breakdown, "workspace": view(row)},
+                 ftl={"score": points, "breakdown": ftl_breakdown(breakdown), "workspace": ftl_view(row)})
 
 
 def generalize_to_regex(trigger: str) -> str:

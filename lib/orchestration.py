@@ -168,8 +168,10 @@ def validate_transition(env: Env, source: str, dest: str) -> Reply:
                         if source in (row["source"] if isinstance(row["source"], list) else [row["source"]])})
     reason = "" if found else (f"no trigger moves {source} to {dest}; from {source} the machine can go to "
                                f"{', '.join(reachable) or 'nothing (final state)'}")
+    # FTL's wording; the list of valid targets is ftl's machine's (it has ERROR, CASCADE, ...)
+    ftl_reason = "" if found else f"Invalid transition {source} -> {dest}. Valid: {reachable}"
     return Reply({"valid": bool(found), "reason": reason, "transitions": found, "reachable": reachable},
-                 ftl={"valid": bool(found), "reason": reason}, ftl_exit=0 if found else 1)
+                 ftl={"valid": bool(found), "reason": ftl_reason}, ftl_exit=0 if found else 1)
 
 
 def _STATE_NAMES() -> set[str]:  # noqa: N802 - reads as the constant it stands for

@@ -118,13 +118,13 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
     cancel = token.event
     recorded: list[Any] = []  # the workspace, once its row exists
     try:
-        return _attempt(run, seq, cancel, started, recorded)
+        return _attempt(run, seq, cancel, started, recorded, worker)
     except Exception as exc:  # noqa: BLE001 - never the scheduler's last-resort block
         return _fail_task(run, seq, recorded[0] if recorded else None, exc)
 
 
 def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
-             recorded: list[Any]) -> TaskOutcome:
+             recorded: list[Any], worker: str = "w1") -> TaskOutcome:
     task = run.current_plan.task(seq)
     rows = run.store.tasks(run.campaign_id)
     row = next((r for r in rows if r["seq"] == seq), None) or run.store.task(run.campaign_id, seq)
@@ -147,6 +147,9 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
             raise FtlError("configuration_error", {
                 "problem": f"task {seq} asks for isolation = \"worktree\", but the repository is "
                            "not a git work tree with a commit"})
+        if run.runs_on_cluster(task):
+            return _attempt_on_cluster(run, task, workspace, spec, cancel, started, recorded,
+                                       worker)
         return _attempt_in_worktree(run, task, workspace, spec, facts, cancel, started, recorded)
     built = _already_built(run, seq, spec)
     # A reused build is recorded as built in the same statement: a crash cannot lose it.
@@ -341,8 +344,154 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
     raise AssertionError("unreachable: the second round returns or blocks")
 
 
+def _reused_commit(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
+                   recorded: list[Any]) -> Any:
+    """The task's verified commit from before a crash (same spec), recorded as reused; or None.
+    Only an attempt after an earlier one (a resume, a re-run) can find its commit made."""
+    trees = run.worktrees
+    earlier = workspace.attempt > 1 or bool(run.store.workspaces(run.campaign_id, task.seq))
+    found = trees.task_commit(workspace.workspace_id) if earlier else None
+    if found is None or found.trailers.get("Ftl-Spec") != spec_digest(spec):
+        return None
+    run.store.record_workspace(run.campaign_id, {**spec, "status": "active",
+                                                 "base_commit": found.base},
+                               built={"status": "complete", "reused_commit": found.commit})
+    recorded.append(workspace)
+    run.recovery.recovery(strategy="reuse_commit", success=True, state=run.machine_state,
+                          task_seq=task.seq, commit=found.commit,
+                          integrated=trees.is_integrated(found.commit))
+    return found
+
+
+def _attempt_on_cluster(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
+                        cancel: threading.Event, started: float, recorded: list[Any],
+                        lane: str) -> TaskOutcome:
+    """One attempt whose build and verify run as one Ray task on a cluster node (issue 14).
+
+    The driver keeps the protocol: each try is sent with the integration head as its base
+    (`ftl.executors.ray_cluster.RayCluster.run_attempt`); a failed build or verify comes back
+    as a result and is classified here like a local one (``classify_command``), a lost worker
+    as the transient ``worker_lost``; the recovery protocol retries or blocks. A verified
+    result is a commit carried back as a bundle, fetched into the task's branch and
+    integrated as in worktree mode, so resume finds it the same way (``reuse_commit``).
+
+    Differences from a local worktree attempt: every try (a retried flaky verify too) runs the
+    build again, in a fresh checkout on whichever node Ray picks; there is no ``built``
+    checkpoint, since a node's checkout does not outlive its try.
+    """
+    from ftl.vcs.bundles import fetch_task_bundle
+    from ftl.vcs.worktrees import task_branch
+
+    trees, seq, name = run.worktrees, task.seq, workspace.workspace_id
+    found = _reused_commit(run, task, workspace, spec, recorded)
+    if found is not None:
+        try:
+            return _integrate(run, workspace, found, {"reused_commit": found.commit}, {}, started)
+        except MergeConflict:
+            pass  # the head moved on since; run it again below
+    plan = run.current_plan
+    frameworks = detected_frameworks(run.exploration.get("pattern"), plan_framework=plan.framework,
+                                     plan_confidence=plan.framework_confidence)
+    placed: dict[str, Any] = {}
+    for round_ in (1, 2):
+        base = trees.ensure_integration()
+        attempt_spec = {**spec, "base_commit": base, "executor": "ray"}
+        if not recorded:
+            run.store.record_workspace(run.campaign_id, {**attempt_spec, "status": "active"})
+            recorded.append(workspace)
+
+        def on_placed(where: dict[str, Any], number: int) -> None:
+            placed.update(where)
+            run.log.emit(ev.TASK_PLACED, task_seq=seq, attempt=workspace.attempt,
+                         try_number=number, node=where["node"], node_worker=where["worker"],
+                         worker=lane)
+            run.store.place_task(run.campaign_id, seq,
+                                 f"{lane} @ node {where['node']} ({where['worker']})")
+
+        def one_try(number: int, base: str = base, round_: int = round_) -> dict[str, Any]:
+            request = {
+                "campaign_id": run.campaign_id, "seq": seq, "slug": task.slug, "name": name,
+                "attempt": workspace.attempt, "base": base, "run": task.run,
+                "verify": task.verify, "timeout_s": workspace.timeout_s,
+                "verify_timeout_s": run.config.verify_timeout_s, "delta": list(task.delta),
+                "creates": list(task.creates), "spec": spec,
+                "output_limit_bytes": run.config.output_limit_bytes,
+                "idioms": plan.idioms.model_dump(mode="json") if plan.idioms else None,
+                "frameworks": frameworks,
+                "attempt_id": f"{run.campaign_id}/{name}/{workspace.attempt}/{round_}/{number}"}
+            result = run.cluster.run_attempt(
+                request, cancel=cancel, on_placed=lambda where: on_placed(where, number),
+                num_cpus=task.resources.num_cpus if task.resources else 1.0)
+            if result["phase"] == "build":
+                raise classify_command(result["build"], what="build", seq=seq)
+            if result["phase"] == "verify":
+                raise classify_command(result["verify"], what="verify", seq=seq)
+            return result
+
+        try:
+            result = run.recovery.run(one_try, tool="ray_attempt", seq=seq,
+                                      state=run.machine_state, escalate=_escalate_remote,
+                                      cancel=cancel)
+        except FtlError as error:
+            if cancel.is_set():
+                return TaskOutcome(seq, "cancelled", {})
+            return _block(run, workspace, error, **_where(placed))
+        if result["phase"] == "scope":
+            scope = result["out_of_scope"]
+            error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},
+                             message=f"Task {seq} changed files outside its delta: "
+                                     + ", ".join(scope[:5]))
+            error.emitted = False
+            _emit_failure(run, error, tool="ray_attempt", seq=seq)
+            return _block(run, workspace, error, **_where(placed))
+        if result["phase"] == "idioms":
+            error = violation_error(seq, result["violations"])
+            _emit_failure(run, error, tool="idiom_check", seq=seq)
+            return _block(run, workspace, error, **_where(placed))
+        commit_id = fetch_task_bundle(run.repo, result["bundle"], task_branch(run.campaign_id, name),
+                                      result["commit"])
+        commit = trees.task_commit(name)  # with its trailers, as resume will read it
+        if commit is None or commit.commit != commit_id:  # moved by hand meanwhile
+            raise RuntimeError(f"task branch of {name} does not hold {commit_id[:12]}")
+        changed = result.get("files_changed") or []
+        build_result = {**(result.get("build") or {}), "files_changed": changed,
+                        "change_detection": "git-commit", "node": result["node"]}
+        run.log.emit(ev.TASK_COMMIT, task_seq=seq, attempt=workspace.attempt,
+                     commit=commit.commit, base=commit.base, file_count=len(changed),
+                     files=changed[:50])
+        try:
+            return _integrate(run, workspace, commit, build_result, result.get("verify") or {},
+                              started, **_where(placed))
+        except MergeConflict as conflict:
+            others = conflict.other_seqs
+            error = FtlError("merge_conflict", {
+                "seq": seq, "other_seq": ", ".join(others) or "(a change outside this campaign)",
+                "paths": conflict.paths[:20]})
+            run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
+                         other_seqs=others, paths=conflict.paths[:20], round=round_)
+            _emit_failure(run, error, tool="integrate", seq=seq)
+            if round_ == 2 or cancel.is_set():
+                return _block(run, workspace, error, **_where(placed))
+            run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
+                                  task_seq=seq, error=error, other_seqs=others)
+    raise AssertionError("unreachable: the second round returns or blocks")
+
+
+def _where(placed: dict[str, Any]) -> dict[str, Any]:
+    """A cluster attempt's placement as TaskOutcome detail (TASK_END's ``node``)."""
+    return {"node": placed["node"], "node_worker": placed["worker"]} if placed else {}
+
+
+def _escalate_remote(error: FtlError) -> FtlError:
+    """A cluster attempt's last failure: a build's as `_escalate_build`, a verify's as
+    ``escalate_flaky`` (the step is in ``details["tool"]``, set by ``classify_command``)."""
+    if error.details.get("tool") == "verify":
+        return escalate_flaky(error)
+    return _escalate_build(error)
+
+
 def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, Any],
-               verify: dict[str, Any], started: float) -> TaskOutcome:
+               verify: dict[str, Any], started: float, **detail: Any) -> TaskOutcome:
     """Integrate a verified task commit and complete the task. Raises MergeConflict."""
     integration = run.worktrees.integrate(commit, name=workspace.workspace_id)
     if not integration.already:
@@ -350,7 +499,7 @@ def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, An
                      head=integration.head, previous=integration.previous,
                      fast_forward=integration.fast_forward)
     return _complete(run, workspace, build_result, verify, started, commit=commit.commit,
-                     integration_head=integration.head)
+                     integration_head=integration.head, **detail)
 
 
 def _builder_for(run: Run, task: Any) -> str:
@@ -471,7 +620,7 @@ def _escalate_build(error: FtlError) -> FtlError:
     return error
 
 
-def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
+def _block(run: Run, workspace: Any, error: FtlError, **where: Any) -> TaskOutcome:
     """In-state recovery for a task failure: block the task, keep the campaign going."""
     reason = f"{error.error_type}: {error.message}"
     tail = str(error.details.get("output_tail") or "")
@@ -484,7 +633,7 @@ def _block(run: Run, workspace: Any, error: FtlError) -> TaskOutcome:
                                "blocked", {"error_type": error.error_type, "reason": reason,
                                            **({"build": cost} if cost else {})})
     return TaskOutcome(workspace.seq, "blocked", {"reason": reason, "error_type": error.error_type,
-                                                  **cost})
+                                                  **cost, **where})
 
 
 def _fail_task(run: Run, seq: str, workspace: Any, exc: Exception) -> TaskOutcome:

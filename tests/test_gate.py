@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import ftl.gate as gate_module
 from ftl.errors import FtlError, REGISTRY
 from ftl.gate import TIMEOUT_APPROVER, Gatekeeper, GateDecision
+from ftl.gate.call import Call
 
 PERMIT_BUILDS = ('@id("shell-builds")\n'
                  'permit(principal, action == Action::"invoke", resource == Tool::"shell_builder");\n')
@@ -220,7 +221,7 @@ def test_cedar_no_decision_denies(tmp_path: Path) -> None:
     gates = policy_gates(tmp_path, 'permit(principal, action == Action::"invoke", resource);')
     gates["policy"]["schema"] = "policies/schema.cedarschema"
     gk = keeper(tmp_path, gates)
-    verdict = gk.policies.evaluate("runner", "shell_builder", gate_module._Call.parse(call()).cedar_context())
+    verdict = gk.policies.evaluate("runner", "shell_builder", Call.parse(call()).cedar_context())
     assert verdict.decision == "NoDecision" and not verdict.allowed
     assert refusal(gk, call()).error_type == "policy_denied"
 
@@ -240,16 +241,16 @@ def test_schema_that_matches_the_context_allows(tmp_path: Path) -> None:
 
 
 def test_cedar_context_carries_task_files_dirs_and_side_effects(tmp_path: Path) -> None:
-    c = gate_module._Call.parse(call(seq="004", delta=("release/notes/NOTES.md",), creates=("a.txt",),
+    c = Call.parse(call(seq="004", delta=("release/notes/NOTES.md",), creates=("a.txt",),
                                      context={"attempt": 2, "ratio": 0.5, "drop": None}))
     ctx = c.cedar_context()
     assert ctx == {"seq": "004", "task_type": "BUILD", "files": ["a.txt", "release/notes/NOTES.md"],
                    "dirs": ["release", "release/notes"], "side_effects": ["filesystem", "process"],
                    "source": "manglecp", "attempt": 2, "ratio": "0.5"}
-    forged = gate_module._Call.parse(call(context={"__entity": {"type": "Agent", "id": "root"},
+    forged = Call.parse(call(context={"__entity": {"type": "Agent", "id": "root"},
                                                    "facts": [{"pred": "p", "__extn": {"fn": "ip"}}]}))
     assert forged.cedar_context()["facts"] == [{"pred": "p"}] and "__entity" not in forged.cedar_context()
-    bare = gate_module._Call.parse({"tool": "run_verify", "args": {"command": "true"}}).cedar_context()
+    bare = Call.parse({"tool": "run_verify", "args": {"command": "true"}}).cedar_context()
     assert bare["seq"] == "" and bare["files"] == [] and bare["dirs"] == []
 
 

@@ -271,6 +271,22 @@ def test_plan_versions_and_their_status(tmp_path: Path) -> None:
     assert ok(tmp_path, "plan", "read", "--id", "2", "--campaign-id", cid)["status"] == "executed"
 
 
+def test_mark_executed_is_honoured_by_read_list_and_get_active(tmp_path: Path) -> None:
+    ok(tmp_path, "campaign", "create", "ship the parser")
+    ok(tmp_path, "plan", "write", stdin=json.dumps(DIAMOND))
+    ok(tmp_path, "plan", "write", stdin=json.dumps(DIAMOND))
+    marked = ok(tmp_path, "plan", "mark-executed", "--id", "1")
+    assert marked["status"] == "executed" and marked["id"] == 1
+    assert ok(tmp_path, "plan", "mark-executed", "--id", "1")["executed_at"] == marked["executed_at"]
+    assert ok(tmp_path, "plan", "read", "--id", "1")["status"] == "executed"  # not superseded
+    assert ok(tmp_path, "plan", "get-active")["id"] == 2
+    ok(tmp_path, "plan", "mark-executed", "--id", "2")
+    assert refused(tmp_path, "plan", "get-active")["error_code"] == "NOT_FOUND"
+    assert [p["id"] for p in ok(tmp_path, "plan", "list", "--status", "executed")["items"]] == [2, 1]
+    assert ok(tmp_path, "plan", "list", "--status", "active")["items"] == []
+    assert refused(tmp_path, "plan", "mark-executed", "--id", "3")["error_code"] == "NOT_FOUND"
+
+
 # --------------------------------------------------------------------------- exploration.py
 
 def test_exploration_session_counts_distinct_usable_modes(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
 """Tests for ftl.postmortem.html: the HTML report of the real failure drill logs (clean, and killed
 then resumed), escaping of hostile log text, the time axis with a long crash gap, the DAG
-layout on generated graphs, and a render in headless Chromium that must log no console message
-(a CSP violation, a failed load, a script error) and lay out every SVG with real geometry."""
+layout on generated graphs, where tasks ran (issue 14: lanes grouped by node in the HTML, the
+node in the text and JSON, old logs without nodes unchanged), and a render in headless Chromium
+that must log no console message (a CSP violation, a failed load, a script error) and lay out
+every SVG with real geometry."""
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import shutil
@@ -17,7 +20,7 @@ from hypothesis import strategies as st
 
 from ftl.errors import kind
 from ftl.postmortem.html import CSP, _layers, _TimeAxis, render_html
-from ftl.postmortem.replay import Replay, TaskInfo, diff_decisions, replay
+from ftl.postmortem.replay import Replay, TaskInfo, diff_decisions, render_text, replay, write_json
 
 LOGS = Path(__file__).parent / "logs"
 DRILL = LOGS / "drill.jsonl"
@@ -172,6 +175,98 @@ def test_a_large_run_draws_the_first_items_and_says_so(tmp_path: Path) -> None:
     assert len(page) * 10 < len(full)
 
 
+# --------------------------------------------------------------------------- where tasks ran
+
+RAY_NODE = "3f2a9c1b0d4e"
+# The drill's tasks placed on two nodes (issue 14): 005 and 006 on a Ray node whose worker w1
+# shares its name with the driver's; 006's TASK_START does not know its node, its TASK_END does.
+PLACEMENT = {"001": ("driver", "w1"), "002": ("driver", "w1"), "005": (RAY_NODE, "w1"),
+             "006": (RAY_NODE, "w2")}
+
+
+def _on_nodes(path: Path, placement: dict[str, tuple[str, str]] = PLACEMENT) -> Path:
+    records = [json.loads(line) for line in DRILL.read_text(encoding="utf-8").splitlines()]
+    for record in records:
+        if record["event"] in ("TASK_START", "TASK_END") and record["task_seq"] in placement:
+            node, worker = placement[record["task_seq"]]
+            record["worker"] = worker
+            if not (record["task_seq"] == "006" and record["event"] == "TASK_START"):
+                record["node"] = node
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    return path
+
+
+def _timeline(page: str) -> str:
+    return page[page.index('aria-label="timeline"'):page.index("</svg>")]
+
+
+def _lane_rows(timeline: str) -> list[tuple[float, str]]:
+    """(y, text) of every label in the timeline's label column, top to bottom: node headers and
+    lanes (``node ...`` for a header)."""
+    return sorted((float(y), text) for y, text in re.findall(
+        r'<text x="(?:4|12)" y="([\d.]+)" font-size="12"[^>]*>([^<]+)</text>', timeline)
+        if text != "states")
+
+
+def _bars(timeline: str) -> dict[str, float]:
+    """Top y of each attempt's bar, by task seq (each task here has one attempt)."""
+    return {seq: float(y) for seq, y in re.findall(
+        r'<title>task (\d+) attempt \d+ on [^<]*</title><rect x="[\d.]+" y="([\d.]+)"', timeline)}
+
+
+def test_a_run_on_two_nodes_groups_the_lanes_by_node(tmp_path: Path) -> None:
+    page = _html(_on_nodes(tmp_path / "two-nodes.jsonl"))
+    timeline = _timeline(page)
+    rows = _lane_rows(timeline)
+    # The driver first; under each header its own workers (both nodes have a w1).
+    assert [text for _, text in rows] == ["node driver", "w1", f"node {RAY_NODE}", "w1", "w2"]
+    assert timeline.count('<g class="node">') == 2
+    lanes = {(node, worker): y for node, (y, worker) in zip(
+        ["driver", RAY_NODE, RAY_NODE], [rows[1], rows[3], rows[4]])}
+    bars = _bars(timeline)
+    assert set(bars) == set(PLACEMENT)
+    for seq, (node, worker) in PLACEMENT.items():
+        label_y = lanes[(node, worker)]  # a lane's label sits 17 px below its top, a bar 4 px
+        assert bars[seq] == label_y - 13, (seq, node, worker)
+    assert f"task 005 attempt 1 on w1 (node {RAY_NODE})" in timeline
+    assert "task 006 attempt 1 on w2 (node 3f2a9c1b0d4e)" in timeline  # from its TASK_END
+    attempts = page[page.index("<h2>Task attempts</h2>"):page.index("<h2>States</h2>")]
+    assert "<th>node</th><th>worker</th>" in attempts and f"<td>{RAY_NODE}</td>" in attempts
+
+
+def test_the_text_and_json_name_each_attempts_node(tmp_path: Path) -> None:
+    with replay([_on_nodes(tmp_path / "two-nodes.jsonl")]) as result:
+        text = render_text(result)
+        handle = io.StringIO()
+        write_json(result.to_json(lazy=True), handle)
+    assert "nodes: driver (2 attempts), 3f2a9c1b0d4e (2 attempts)" in text
+    assert "  001 attempt 1 on w1 (node driver): complete" in text
+    assert f"  005 attempt 1 on w1 (node {RAY_NODE}): complete" in text
+    assert f"  006 attempt 1 on w2 (node {RAY_NODE}): complete" in text
+    data = json.loads(handle.getvalue())
+    assert data["nodes"] == {"driver": 2, RAY_NODE: 2}
+    where = {a["seq"]: (a["node"], a["worker"]) for a in data["tasks"]}
+    assert where == PLACEMENT
+
+
+def test_a_log_without_nodes_renders_as_before(tmp_path: Path) -> None:
+    """An old log (no ``node``) and the same log with every task on one node draw the same
+    page and the same text: one lane per worker, no node header, no node named."""
+    old = replay([DRILL])
+    drill_workers = {"001": "w1", "002": "w1", "005": "w2", "006": "w2"}
+    one_node = replay([_on_nodes(tmp_path / "one-node.jsonl",
+                                 {seq: ("driver", worker) for seq, worker in drill_workers.items()})])
+    page, text = render_html(old), render_text(old)
+    assert [text for _, text in _lane_rows(_timeline(page))] == ["w1", "w2"]
+    assert '<g class="node">' not in page and "(node " not in page and "<th>node</th>" not in page
+    assert "nodes:" not in text and "(node " not in text and " on w1: " in text
+    assert old.to_json()["nodes"] == {} and {a["node"] for a in old.to_json()["tasks"]} == {None}
+    with_node = render_html(one_node)
+    assert with_node.replace(one_node.files[0], "drill.jsonl") == page
+    assert render_text(one_node).replace(one_node.files[0], "drill.jsonl") == text
+    assert one_node.to_json()["nodes"] == {"driver": 4}
+
+
 # --------------------------------------------------------------------------- headless Chromium
 
 _PROBE_HEAD = """<script>
@@ -228,3 +323,45 @@ def test_the_report_renders_in_headless_chromium_without_console_messages(tmp_pa
     for svg in result["svgs"]:
         assert svg["w"] > 300 and svg["h"] > 50 and svg["shapes"] > 6, svg
     assert result["rows"] > 10 and result["height"] > 800
+
+
+_NODE_PROBE = """<script>
+const box = e => { const b = e.getBBox(); return {y: b.y, h: b.height}; };
+const out = document.createElement('pre'); out.id = '__probe';
+out.textContent = JSON.stringify({
+  headers: [...document.querySelectorAll('svg[aria-label=timeline] g.node')].map(g =>
+    ({text: g.querySelector('text').textContent, ...box(g)})),
+  bars: [...document.querySelectorAll('svg[aria-label=timeline] g')].filter(g =>
+    g.querySelector('title') && g.querySelector('title').textContent.startsWith('task ')).map(g =>
+    ({title: g.querySelector('title').textContent, ...box(g.querySelector('rect'))}))});
+document.body.appendChild(out);
+</script>"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason=f"chromium is not installed ({INSTALL})")
+def test_two_nodes_render_grouped_in_headless_chromium(tmp_path: Path) -> None:
+    """Laid out by a browser: a header per node, and every attempt's bar below its own node's
+    header and above the next one."""
+    page = render_html(replay([_on_nodes(tmp_path / "two-nodes.jsonl")]))
+    report = tmp_path / "report.html"
+    report.write_text(page, encoding="utf-8")
+    shipped = _chromium(tmp_path, report, "--dump-dom")
+    assert shipped.returncode == 0, shipped.stderr[-2000:]
+    assert [line for line in shipped.stderr.splitlines() if ":CONSOLE" in line] == []
+    probed = page.replace(CSP, CSP + "; script-src 'unsafe-inline'").replace("</main>", "</main>" + _NODE_PROBE, 1)
+    probe = tmp_path / "probe.html"
+    probe.write_text(probed, encoding="utf-8")
+    run = _chromium(tmp_path, probe, "--dump-dom")
+    found = re.search(r'<pre id="__probe">(.*?)</pre>', run.stdout, re.S)
+    assert found, run.stdout[-2000:] + run.stderr[-2000:]
+    layout = json.loads(found.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    headers = layout["headers"]
+    assert [h["text"] for h in headers] == ["node driver", f"node {RAY_NODE}"]
+    assert all(h["h"] > 10 for h in headers) and headers[0]["y"] < headers[1]["y"]
+    assert len(layout["bars"]) == len(PLACEMENT)
+    for bar in layout["bars"]:
+        seq = bar["title"].split()[1]
+        below = headers[0] if PLACEMENT[seq][0] == "driver" else headers[1]
+        assert bar["y"] >= below["y"] + below["h"], bar
+        if below is headers[0]:
+            assert bar["y"] + bar["h"] <= headers[1]["y"], bar

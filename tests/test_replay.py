@@ -754,7 +754,7 @@ def test_a_crashed_run_differs_from_a_clean_one_where_work_was_redone() -> None:
 
 def _reference_diff(a: list[dict], b: list[dict], context: int = 3) -> list[tuple]:
     """The diff by definition: every lane's decisions in lists, compared position by position."""
-    from ftl.postmortem.replay import DECISION_FIELDS, _field_text, _lane
+    from ftl.postmortem.diff import DECISION_FIELDS, _field_text, _lane
 
     def lanes(events: list[dict]) -> dict[str, list[tuple]]:
         out: dict[str, list[tuple]] = {}
@@ -1028,16 +1028,16 @@ def _blocked_tasks_log(path: Path, count: int) -> Path:
 def test_settling_failures_is_linear_in_the_tasks(tmp_path: Path, monkeypatch) -> None:
     """A task's end looks at that task's open failures only: failures that keep no outcome (a
     structural block without a recovery event) must not be rescanned at every later task end."""
-    from ftl.postmortem import replay as replay_module
+    from ftl.postmortem.check import Checker
 
     looked = [0]
-    held = replay_module._Checker._held
+    held = Checker._held
 
     def counting(self, failure):
         looked[0] += 1
         return held(self, failure)
 
-    monkeypatch.setattr(replay_module._Checker, "_held", counting)
+    monkeypatch.setattr(Checker, "_held", counting)
     for count in (200, 800):
         looked[0] = 0
         with replay([_blocked_tasks_log(tmp_path / f"{count}.jsonl", count)]) as result:

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import ftl.postmortem.replay as replay_module
 import ftl.postmortem.spool as spool
-from ftl.postmortem.replay import Replay, _codec, render_text, replay, write_json
+from ftl.postmortem.check import Checker
+from ftl.postmortem.replay import Replay, render_text, replay, text_lines, write_json
+from ftl.postmortem.timeline import _codec
 from ftl.postmortem.spool import Records, Spool, TaskTable, task_sort_key
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -357,13 +358,13 @@ def test_replay_cache_bound_under_eviction(generated: Path, monkeypatch: pytest.
     jobs = next(e for e in events if e["event"] == "RUN_START")["config"]["jobs"]
     assert (max_deps, jobs) == (1, 8)  # the bench's plan; checked so the bound below stays true
     peak = [0]
-    feed = replay_module._Checker.feed
+    feed = Checker.feed
 
     def counting_feed(self: Any, event: dict[str, Any]) -> None:
         feed(self, event)
         peak[0] = max(peak[0], len(self.r.tasks.cache))
 
-    monkeypatch.setattr(replay_module._Checker, "feed", counting_feed)
+    monkeypatch.setattr(Checker, "feed", counting_feed)
     with replay([generated]) as result:
         capacity = result.tasks.capacity
         assert capacity == TINY["TASK_CACHE"]
@@ -385,7 +386,7 @@ def test_replay_cache_bound_under_eviction(generated: Path, monkeypatch: pytest.
         # Rendering reads tasks without caching them: the text report leaves the cache as is.
         cached = len(result.tasks.cache)
         blocks = list(result.iter_blocks())
-        assert len(blocks) > capacity and sum(1 for _ in replay_module.text_lines(result)) > 1000
+        assert len(blocks) > capacity and sum(1 for _ in text_lines(result)) > 1000
         assert len(result.tasks.cache) == cached
 
 

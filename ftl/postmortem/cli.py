@@ -95,7 +95,7 @@ def replay_command(logs: tuple[Path, ...], check: bool, fmt: str, output: Path |
 
     Several logs of one campaign (a crashed run, then its resume) are read as one story, in the
     order given; a resume that appended to the same file is found inside it. The postmortem
-    lists the states with durations, every task attempt (worker, outcome, failures), every
+    lists the states with durations, every task attempt (worker, node, outcome, failures), every
     failure with its classification and what followed (retry, recovery, ERROR), the cascade
     roots, the crash boundaries, the outcome and exit code, and each broken invariant with its
     seq. A torn last line is a warning, not an error.

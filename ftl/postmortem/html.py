@@ -2,7 +2,8 @@
 
 `render_html(replay)` draws, from a `ftl.postmortem.replay.Replay` alone:
 
-- a timeline: state bands above one Gantt lane per worker (task attempts coloured by outcome),
+- a timeline: state bands above one Gantt lane per worker (task attempts coloured by outcome;
+  when the run used several nodes, issue 14, the lanes are grouped under a header per node),
   failures, retries and recoveries marked where they happened, crash boundaries as red lines
   (a long dead gap between a crash and its resume is cut short and drawn as a break);
 - the task DAG (layered left to right by dependency depth) with each task's final status;
@@ -22,10 +23,12 @@ import math
 from itertools import islice
 from datetime import datetime
 from html import escape
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from ftl.errors import kind
-from ftl.postmortem.replay import DecisionDiff, Failure, Replay, TaskAttempt, TaskInfo, format_ms
+from ftl.postmortem.diff import DecisionDiff
+from ftl.postmortem.text import format_ms
+from ftl.postmortem.timeline import Failure, Replay, TaskAttempt, TaskInfo, node_sort_key
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 
@@ -164,20 +167,54 @@ class _TimeAxis:
 
 # ---------------------------------------------------------------------------------- timeline
 
+def _lane_key(result: Replay) -> Callable[[TaskAttempt], Any]:
+    """An attempt's timeline lane: its worker; ``(node, worker)`` when the run used several
+    nodes (issue 14), as two nodes may both have a worker ``pid 1234``."""
+    if result.multi_node:
+        return lambda attempt: (attempt.node or "?", attempt.worker or "?")
+    return lambda attempt: attempt.worker or "?"
+
+
+def _lane_order(lanes: set[Any]) -> list[Any]:
+    """Workers by name length then name (w2 before w10); ``(node, worker)`` lanes grouped by
+    node, the driver first and an unknown node (``?``) last."""
+    def worker(name: str) -> tuple[int, str]:
+        return (len(name), name)
+
+    def key(lane: Any) -> Any:
+        if isinstance(lane, tuple):
+            node, name = lane
+            return (*node_sort_key(node), worker(name))
+        return worker(lane)
+    return sorted(lanes, key=key)
+
+
+
 def _timeline_svg(result: Replay) -> str:
     label_w, width, right = 96.0, 1120.0, 16.0
     axis = _TimeAxis(result, label_w, width)
-    workers = sorted({a.worker or "?" for a in result.attempts}, key=lambda w: (len(w), w))
+    lane_of = _lane_key(result)
+    workers = _lane_order({lane_of(a) for a in result.attempts})
     by_task: dict[str, list[TaskAttempt]] = {}
     for attempt in result.attempts:
         by_task.setdefault(attempt.seq, []).append(attempt)
     campaign_marks = [f for f in result.failures if not f.task_seq] + \
         [r for r in result.recoveries if not r.get("task_seq")]
-    lanes = (["campaign"] if campaign_marks or not workers else []) + workers
+    lanes: list[Any] = (["campaign"] if campaign_marks or not workers else []) + workers
     state_y, state_h = 22.0, 24.0
-    lane_y0, lane_h = state_y + state_h + 14, 26.0
-    height = lane_y0 + lane_h * len(lanes) + 30
-    lane_index = {lane: i for i, lane in enumerate(lanes)}
+    lane_y0, lane_h, header_h = state_y + state_h + 14, 26.0, 22.0
+    # Each lane's top; a node's header row comes before its first lane (several nodes only).
+    lane_top: dict[Any, float] = {}
+    headers: list[tuple[str, float]] = []
+    y = lane_y0
+    for lane in lanes:
+        if isinstance(lane, tuple) and (not headers or headers[-1][0] != lane[0]):
+            headers.append((lane[0], y))
+            y += header_h
+        lane_top[lane] = y
+        y += lane_h
+    height = y + 30
+    first_top = lane_top[lanes[0]]
     parts: list[str] = [
         f'<svg xmlns="http://www.w3.org/2000/svg" role="img" aria-label="timeline" '
         f'width="{label_w + width + right:.0f}" height="{height:.0f}" '
@@ -187,11 +224,19 @@ def _timeline_svg(result: Replay) -> str:
         '<line x1="0" y1="0" x2="0" y2="6" stroke="#c2410c" stroke-width="2"/></pattern></defs>',
         f'<text x="4" y="{state_y + 16:.0f}" font-size="12" fill="#374151">states</text>',
     ]
+    for node, y in headers:
+        count = result.nodes.get(node)
+        tip = f"node {node}" + (f": {count} attempt{'' if count == 1 else 's'} in the log" if count else "")
+        parts.append(f'<g class="node"><title>{_e(tip)}</title><rect x="0" y="{y:.0f}" '
+                     f'width="{label_w + width:.0f}" height="{header_h:.0f}" fill="#e5e7eb"/>'
+                     f'<text x="4" y="{y + 15:.0f}" font-size="12" font-weight="600" fill="#111827">'
+                     f'node {_e(node)}</text></g>')
     for i, lane in enumerate(lanes):
-        y = lane_y0 + i * lane_h
+        y = lane_top[lane]
         fill = "#f9fafb" if i % 2 == 0 else "#ffffff"
+        label, indent = (lane[1], 12) if isinstance(lane, tuple) else (lane, 4)
         parts.append(f'<rect x="{label_w:.0f}" y="{y:.0f}" width="{width:.0f}" height="{lane_h:.0f}" fill="{fill}"/>')
-        parts.append(f'<text x="4" y="{y + 17:.0f}" font-size="12" fill="#374151">{_e(lane)}</text>')
+        parts.append(f'<text x="{indent}" y="{y + 17:.0f}" font-size="12" fill="#374151">{_e(label)}</text>')
     for tick_x, label in axis.ticks():
         parts.append(f'<line x1="{tick_x:.1f}" y1="{state_y - 4:.0f}" x2="{tick_x:.1f}" '
                      f'y2="{height - 22:.0f}" stroke="#e5e7eb"/>')
@@ -226,12 +271,13 @@ def _timeline_svg(result: Replay) -> str:
         x2 = axis.x(end)
         if x1 is None or x2 is None:
             continue
-        y = lane_y0 + lane_index.get(attempt.worker or "?", 0) * lane_h + 4
+        y = lane_top.get(lane_of(attempt), first_top) + 4
         key = _attempt_key(attempt)
         fill, stroke = STATUS_COLORS[key]
         fill = "url(#hatch)" if key == "interrupted" else fill
         w = max(2.0, x2 - x1)
-        tip = (f"task {attempt.seq} attempt {attempt.attempt} on {attempt.worker}: "
+        where = f"{attempt.worker} (node {attempt.node or '?'})" if result.multi_node else attempt.worker
+        tip = (f"task {attempt.seq} attempt {attempt.attempt} on {where}: "
                f"{attempt.status or 'interrupted by a crash'} ({_fmt_ms(attempt.duration_ms)})")
         if attempt.error_type:
             tip += f" {attempt.error_type}"
@@ -245,12 +291,12 @@ def _timeline_svg(result: Replay) -> str:
         parts.append("</g>")
 
     def lane_y(task: str | None, seq: int | None) -> float:
-        lane = "campaign"
+        lane: Any = "campaign"
         for attempt in by_task.get(task or "", []):
             if seq is not None and attempt.start_seq is not None and attempt.start_seq <= seq and (
                     attempt.end_seq is None or seq <= attempt.end_seq):
-                lane = attempt.worker or "?"
-        return lane_y0 + lane_index.get(lane, 0) * lane_h + lane_h / 2
+                lane = lane_of(attempt)
+        return lane_top.get(lane, first_top) + lane_h / 2
 
     for failure in result.failures:
         x = axis.x(failure.ts)
@@ -496,6 +542,7 @@ def _failures_table(result: Replay) -> str:
 
 def _attempts_table(result: Replay) -> str:
     failures = {f.seq: f for f in result.failures}
+    many_nodes = result.multi_node
     rows = []
     for a in result.attempts:
         key = _attempt_key(a)
@@ -503,7 +550,8 @@ def _attempts_table(result: Replay) -> str:
         errors = ", ".join(f"{failures[s].error_type} (seq {s})" for s in a.failures or () if s in failures)
         slug = result.tasks[a.seq].slug if a.seq in result.tasks else ""
         rows.append([
-            f"<b>{_e(a.seq)}</b> {_e(slug)}", _e(a.attempt), _e(a.worker), _e(a.run),
+            f"<b>{_e(a.seq)}</b> {_e(slug)}", _e(a.attempt),
+            *([_e(a.node or "?")] if many_nodes else []), _e(a.worker), _e(a.run),
             _e(_offset(result, a.start)), _e(_fmt_ms(a.duration_ms)),
             f'<span class="pill" style="background:{fill};border-color:{stroke}">'
             f'{_e(a.status or "interrupted")}</span>' + (f" <code>{_e(a.error_type)}</code>" if a.error_type else ""),
@@ -513,7 +561,7 @@ def _attempts_table(result: Replay) -> str:
             _commit_cell(result, a),
             f'<td class="msg">{_e(errors or "-")}</td>',
         ])
-    return _table(["task", "attempt", "worker", "run", "start", "duration", "outcome", "retries",
+    return _table(["task", "attempt", *(["node"] if many_nodes else []), "worker", "run", "start", "duration", "outcome", "retries",
                    "recoveries", "cost", "commit (integration #)", "failures (every attempt's)"],
                   rows, "No task was started.")
 

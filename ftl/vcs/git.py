@@ -37,6 +37,9 @@ class GitError(Exception):
         self.stderr = stderr.strip()[-2000:]
         super().__init__(f"git {' '.join(self.args_[:3])} exited {returncode}: {self.stderr[:200]}")
 
+    def __reduce__(self) -> tuple:  # picklable: it crosses process boundaries (Ray workers)
+        return (GitError, (self.args_, self.returncode, self.stderr))
+
 
 class Git:
     """git in one directory (a work tree or a repository).
