@@ -142,6 +142,8 @@ class RayCluster:
         # The integration heads sent so far, each with its bundle link (`ftl.vcs.bundles`).
         self._chain: list[tuple[str, Any]] = []
         self._chain_lock = threading.Lock()
+        self._largest: float | None = None
+        self._nodes_read_at = float("-inf")
         self._inflight: dict[str, Any] = {}  # attempt id -> ObjectRefGenerator
         self._cancelled = False
         from ray import exceptions as rex
@@ -260,11 +262,18 @@ class RayCluster:
             FtlError(cancelled): cancelled (Ctrl-C, the campaign's cancel).
             FtlError(timeout): no result within build + verify limits plus a slack, counted
                 from the attempt's placement (time queued for a node does not count).
+            FtlError(configuration_error): ``num_cpus`` exceeds every live node's CPUs.
             FtlError(internal_error): the attempt raised on the node (e.g. git failed there);
                 the node's message goes to this module's log under the correlation id.
         """
         request.setdefault("attempt_id", uuid.uuid4().hex)
         attempt_id = request["attempt_id"]
+        largest = self._largest_node_cpus()
+        if largest is not None and num_cpus > largest:  # it would wait in Ray's queue forever
+            raise FtlError("configuration_error", {
+                "problem": f"task {request['seq']} reserves {num_cpus:g} CPUs but the largest "
+                           f"node of the cluster has {largest:g}; lower its resources.num_cpus "
+                           "or add a bigger node"})
         chain = self._chain_to(request["base"])
         with self._lock:
             if self._cancelled:
@@ -289,6 +298,15 @@ class RayCluster:
             with self._lock:
                 self._inflight.pop(attempt_id, None)
         return result
+
+    def _largest_node_cpus(self) -> float | None:
+        """CPUs of the cluster's largest live node (read at most every 10 s), None if unknown."""
+        now = time.monotonic()
+        if now - self._nodes_read_at > 10.0:
+            nodes = self.heartbeat().nodes
+            self._largest = max((n["cpus"] for n in nodes), default=None)
+            self._nodes_read_at = now
+        return self._largest
 
     def _chain_to(self, base: str) -> list[tuple[str, Any]]:
         """The chain of bundle links that brings ``base``: a new link holds only the commits
