@@ -291,6 +291,7 @@ class Runner:
             objective, flow=flow.value,
             inputs={"plan_input": plan_input, "revised_plan_input": revised_plan_input,
                     "isolation": isolation, "plan_sha256": plan_sha256,
+                    "executor": self.config.executor.kind,
                     "intent": intent.name if intent is not None else None})
         from ftl.intent import discard_intent
 
@@ -355,9 +356,13 @@ class Runner:
                 if run.cluster is not None:
                     run.cluster.shutdown()
                 raise
+            started_on = inputs.get("executor") or "local"
+            notice = (f"this campaign started with executor {started_on}; it resumes with "
+                      f"{self.config.executor.kind} (--executor chooses)"
+                      if started_on != self.config.executor.kind else None)
             run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
                          resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"),
-                         isolation=run.isolation)
+                         isolation=run.isolation, **({"notice": notice} if notice else {}))
             run.log.emit(ev.RESUME, state=None, from_state=state.value, reset_tasks=reset)
             return self._drive(run, CampaignMachine(run, run.flow, state), resumed=True)
 
@@ -428,6 +433,13 @@ class Runner:
         None for the local executor. Raises FtlError(configuration_error) when it cannot."""
         if self.config.executor.kind != "ray":
             return None
+        if self.config.gates:
+            # The gates run in the tool server on the driver; cluster attempts do not pass
+            # through it, so a gate would be skipped without a word: refused instead.
+            raise FtlError("configuration_error", {
+                "problem": "[gates] cannot be used with [executor] kind = \"ray\" yet: cluster "
+                           "attempts do not pass through the tool server that runs the gates; "
+                           "remove one of the two tables"})
         from ftl.executors.ray_cluster import RayCluster
 
         return RayCluster(self.config.executor.address, self.repo)
@@ -639,6 +651,8 @@ class Runner:
                                               f"with `ftl campaign land` or `git merge {branch}`.")
         self._end(run, outcome=finish.outcome, exit_code=finish.exit_code)
         self.store.finish_campaign(run.campaign_id, status, finish.summary)
+        if run.cluster is not None:
+            run.cluster.forget(run.campaign_id)
         if run.worktrees is not None:
             kept = run.worktrees.finish()
             if kept:

@@ -819,7 +819,7 @@ class Store:
         return result
 
     def place_task(self, campaign_id: str, seq: str, worker: str) -> bool:
-        """Say where a running task's attempt runs (its ``worker``, e.g. ``"w2 on node
+        """Say where a running task's attempt runs (its ``worker``, e.g. ``"w2 @ node
         8242c3f210a1 (pid 4242 on host)"``, once a cluster placed it; issue 14).
 
         Returns:

@@ -383,17 +383,21 @@ def _attempt_on_cluster(run: Run, task: Any, workspace: Any, spec: dict[str, Any
     from ftl.vcs.worktrees import task_branch
 
     trees, seq, name = run.worktrees, task.seq, workspace.workspace_id
+    rounds = (1, 2)
     found = _reused_commit(run, task, workspace, spec, recorded)
     if found is not None:
         try:
             return _integrate(run, workspace, found, {"reused_commit": found.commit}, {}, started)
-        except MergeConflict:
-            pass  # the head moved on since; run it again below
+        except MergeConflict as conflict:  # the head moved on since: the first round is spent
+            outcome = _conflicted(run, workspace, found, conflict, 1, cancel)
+            if outcome is not None:
+                return outcome
+            rounds = (2,)
     plan = run.current_plan
     frameworks = detected_frameworks(run.exploration.get("pattern"), plan_framework=plan.framework,
                                      plan_confidence=plan.framework_confidence)
     placed: dict[str, Any] = {}
-    for round_ in (1, 2):
+    for round_ in rounds:
         base = trees.ensure_integration()
         attempt_spec = {**spec, "base_commit": base, "executor": "ray"}
         if not recorded:
@@ -463,18 +467,30 @@ def _attempt_on_cluster(run: Run, task: Any, workspace: Any, spec: dict[str, Any
             return _integrate(run, workspace, commit, build_result, result.get("verify") or {},
                               started, **_where(placed))
         except MergeConflict as conflict:
-            others = conflict.other_seqs
-            error = FtlError("merge_conflict", {
-                "seq": seq, "other_seq": ", ".join(others) or "(a change outside this campaign)",
-                "paths": conflict.paths[:20]})
-            run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
-                         other_seqs=others, paths=conflict.paths[:20], round=round_)
-            _emit_failure(run, error, tool="integrate", seq=seq)
-            if round_ == 2 or cancel.is_set():
-                return _block(run, workspace, error, **_where(placed))
-            run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
-                                  task_seq=seq, error=error, other_seqs=others)
+            outcome = _conflicted(run, workspace, commit, conflict, round_, cancel,
+                                  **_where(placed))
+            if outcome is not None:
+                return outcome
     raise AssertionError("unreachable: the second round returns or blocks")
+
+
+def _conflicted(run: Run, workspace: Any, commit: Any, conflict: MergeConflict, round_: int,
+                cancel: threading.Event, **where: Any) -> TaskOutcome | None:
+    """A task commit that does not merge: ``MERGE_CONFLICT`` and the failure, then the task's
+    outcome (blocked after round 2, or cancelled) or None after ``rebase_rerun`` was recorded
+    (round 1: the caller runs the task again on the new head)."""
+    seq, others = workspace.seq, conflict.other_seqs
+    error = FtlError("merge_conflict", {
+        "seq": seq, "other_seq": ", ".join(others) or "(a change outside this campaign)",
+        "paths": conflict.paths[:20]})
+    run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
+                 other_seqs=others, paths=conflict.paths[:20], round=round_)
+    _emit_failure(run, error, tool="integrate", seq=seq)
+    if round_ == 2 or cancel.is_set():
+        return _block(run, workspace, error, **where)
+    run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
+                          task_seq=seq, error=error, other_seqs=others)
+    return None
 
 
 def _where(placed: dict[str, Any]) -> dict[str, Any]:

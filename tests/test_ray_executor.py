@@ -233,8 +233,10 @@ def test_ctrl_c_cancels_the_ray_tasks_and_the_campaign_resumes(cluster: str, tmp
     repo = _repo(tmp_path)
     marks = tmp_path / "marks"
     marks.mkdir()
+    # The command's own child (a grandchild of the Ray worker) must stop too.
     run = (f'if [ -e {marks}/tried ]; then echo done > f1.txt; exit 0; fi; '
-           f'touch {marks}/tried; echo $$ > {marks}/shell.pid; sleep 60')
+           f'touch {marks}/tried; sleep 60 & echo $! > {marks}/child.pid; '
+           f'echo $$ > {marks}/shell.pid; wait')
     plan = _plan(tmp_path / "plan.json", [_task(1, run)])
     proc = subprocess.Popen([FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
                              "--executor", "ray", "--ray-address", cluster],
@@ -247,13 +249,14 @@ def test_ctrl_c_cancels_the_ray_tasks_and_the_campaign_resumes(cluster: str, tmp
         assert proc.wait(timeout=45) == 130
         assert time.monotonic() - started < 40  # not the 60 s the command would take
 
-        def gone() -> bool:  # force-cancel killed the worker, and the command with it
+        def gone(path: Path) -> bool:  # the cancel stopped the command's whole group
             try:
-                os.kill(int(pid_file.read_text()), 0)
+                os.kill(int(path.read_text()), 0)
             except ProcessLookupError:
                 return True
             return False
-        _wait_for(gone, 30, "the cancelled command to end")
+        _wait_for(lambda: gone(pid_file), 30, "the cancelled command to end")
+        _wait_for(lambda: gone(marks / "child.pid"), 30, "the command's child to end")
     finally:
         if proc.poll() is None:
             proc.kill()

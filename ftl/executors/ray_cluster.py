@@ -8,9 +8,13 @@ such a call uses to send an attempt away and wait for it (`ftl.executors.remote_
 Ray's own retries are off (``max_retries=0``, ``retry_exceptions=False``): every try is ftl's,
 emitted and classified like any other failure. A lost worker or node (`WORKER_LOST_ERRORS`) is
 the transient error ``worker_lost``; the recovery protocol retries it once, then the task
-blocks. Cancel (Ctrl-C) force-cancels the running Ray tasks; they are the driver's, so a dead
-driver's tasks die with it (Ray ends a job's tasks when its driver goes), and an attempt's
-result is accepted only under the attempt id it was sent with.
+blocks. Cancel (Ctrl-C) cancels the running Ray tasks (politely, so the command's process
+group is stopped, then by force). A driver killed outright takes its Ray tasks with it (Ray ends
+a job's tasks when its driver goes); a result is only ever read by the call that sent it, and a
+resume finds what a dead driver's attempts left as commits (``reuse_commit``). With a ``ray://``
+address (Ray Client) the server may keep a dead client's tasks running for a while: until it
+ends them, a resumed attempt of the same task can run beside the old one (the old one's result
+is never read, so nothing is integrated twice, but its command runs twice).
 
 The code travels as git bundles: a chain whose first link holds the history and each next link
 the commits since the one before, put into Ray's object store once, kept by each node in a
@@ -32,11 +36,15 @@ from ftl.errors import FtlError
 from ftl.executors.base import Health
 from ftl.executors.local import LocalExecutor
 
-__all__ = ["RayCluster", "RayExecutor", "remote_attempt", "INSTALL_HINT"]
+__all__ = ["RayCluster", "RayExecutor", "remote_attempt", "forget_campaign", "INSTALL_HINT",
+           "CANCEL_GRACE_S"]
 
 _LOG = logging.getLogger("ftl.executors.ray")
 INSTALL_HINT = "pip install 'ftl-runner[ray]'"
 _WAIT_SLICE_S = 0.2  # how often a waiting task call looks at its cancel flag, s
+#: After a polite cancel (KeyboardInterrupt in the attempt: its command's group is stopped),
+#: how long before the attempt's worker is killed, s.
+CANCEL_GRACE_S = 5.0
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
 
 
@@ -50,6 +58,13 @@ def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Ite
     node = ray.get_runtime_context().get_node_id()[:12]
     links = [(head, (lambda ref=ref: ray.get(ref))) for head, ref in chain]
     yield from run_attempt(request, links, node)
+
+
+def forget_campaign(campaign_id: str) -> int:
+    """The Ray task that removes a finished campaign's leftovers on one node."""
+    from ftl.executors.remote_attempt import forget
+
+    return forget(campaign_id)
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -126,6 +141,9 @@ class RayCluster:
         self._lock = threading.Lock()
         # The integration heads sent so far, each with its bundle link (`ftl.vcs.bundles`).
         self._chain: list[tuple[str, Any]] = []
+        self._chain_lock = threading.Lock()
+        self._largest: float | None = None
+        self._nodes_read_at = float("-inf")
         self._inflight: dict[str, Any] = {}  # attempt id -> ObjectRefGenerator
         self._cancelled = False
         from ray import exceptions as rex
@@ -144,15 +162,43 @@ class RayCluster:
         return RayExecutor(self)
 
     def cancel(self) -> None:
-        """Force-cancel every attempt in flight (idempotent); their calls end ``cancelled``."""
+        """Cancel every attempt in flight (idempotent); their calls end ``cancelled``.
+
+        A polite cancel first (Ray raises KeyboardInterrupt in the attempt, whose command
+        runner then stops the command's whole process group); the attempts still running
+        `CANCEL_GRACE_S` later are force-cancelled (their worker is killed).
+        """
         with self._lock:
             self._cancelled = True
             running = list(self._inflight.values())
         for generator in running:
-            try:
-                self._ray.cancel(generator, force=True)
-            except Exception:  # noqa: BLE001 - already finished or gone: nothing to stop
-                pass
+            self._stop(generator, force=False)
+        if running:
+            timer = threading.Timer(CANCEL_GRACE_S, self._force_inflight)
+            timer.daemon = True
+            timer.start()
+
+    def _force_inflight(self) -> None:
+        with self._lock:
+            running = list(self._inflight.values())
+        for generator in running:
+            self._stop(generator, force=True)
+
+    def _stop(self, generator: Any, *, force: bool) -> None:
+        try:
+            self._ray.cancel(generator, force=force)
+        except Exception:  # noqa: BLE001 - already finished or gone: nothing to stop
+            pass
+
+    def _stop_and_wait(self, generator: Any) -> None:
+        """Cancel one attempt politely, then by force if it has not ended within the grace."""
+        self._stop(generator, force=False)
+        try:
+            ready, _ = self._ray.wait([generator], timeout=CANCEL_GRACE_S)
+        except Exception:  # noqa: BLE001 - ended with an error: it is stopped
+            return
+        if not ready:
+            self._stop(generator, force=True)
 
     def heartbeat(self) -> Health:
         try:
@@ -165,6 +211,23 @@ class RayCluster:
         with self._lock:
             running = len(self._inflight)
         return Health("ray", alive, nodes, running, f"Ray cluster at {self.address}")
+
+    def forget(self, campaign_id: str, timeout_s: float = 30.0) -> int:
+        """At a campaign's end: remove its history cache and any attempt checkouts a killed
+        worker left, on every live node. Returns the entries removed; never raises (a node
+        that does not answer keeps its leftovers until its temporary folder is cleaned)."""
+        try:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+            task = self._ray.remote(forget_campaign)
+            refs = [task.options(num_cpus=0, max_retries=0,
+                                 scheduling_strategy=NodeAffinitySchedulingStrategy(
+                                     node["NodeID"], soft=False)).remote(campaign_id)
+                    for node in self._ray.nodes() if node.get("Alive")]
+            return sum(self._ray.get(refs, timeout=timeout_s))
+        except Exception:  # noqa: BLE001 - cleaning up is best effort
+            _LOG.warning("campaign %s: node leftovers not removed", campaign_id, exc_info=True)
+            return 0
 
     def shutdown(self) -> None:
         """Disconnect (the cluster keeps running); idempotent."""
@@ -184,7 +247,8 @@ class RayCluster:
         Args:
             request: `ftl.executors.remote_attempt.run_attempt`'s request (``attempt_id`` is
                 set here when missing).
-            cancel: the task's cancel flag; when set the Ray task is force-cancelled.
+            cancel: the task's cancel flag; when set the Ray task is cancelled (politely,
+                then by force after `CANCEL_GRACE_S`).
             on_placed: called with the placement (``node``, ``worker``, ``host``) once the
                 attempt started on a node.
             num_cpus: CPUs the attempt reserves on its node (the plan's ``resources``).
@@ -196,14 +260,20 @@ class RayCluster:
         Raises:
             FtlError(worker_lost): the worker or its node died, or the result was lost.
             FtlError(cancelled): cancelled (Ctrl-C, the campaign's cancel).
-            FtlError(timeout): no result within the attempt's limits plus a slack.
+            FtlError(timeout): no result within build + verify limits plus a slack, counted
+                from the attempt's placement (time queued for a node does not count).
+            FtlError(configuration_error): ``num_cpus`` exceeds every live node's CPUs.
             FtlError(internal_error): the attempt raised on the node (e.g. git failed there);
                 the node's message goes to this module's log under the correlation id.
         """
         request.setdefault("attempt_id", uuid.uuid4().hex)
         attempt_id = request["attempt_id"]
-        deadline = time.monotonic() + float(request["timeout_s"]) + \
-            float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
+        largest = self._largest_node_cpus()
+        if largest is not None and num_cpus > largest:  # it would wait in Ray's queue forever
+            raise FtlError("configuration_error", {
+                "problem": f"task {request['seq']} reserves {num_cpus:g} CPUs but the largest "
+                           f"node of the cluster has {largest:g}; lower its resources.num_cpus "
+                           "or add a bigger node"})
         chain = self._chain_to(request["base"])
         with self._lock:
             if self._cancelled:
@@ -213,36 +283,56 @@ class RayCluster:
                 num_cpus=num_cpus, max_retries=0, retry_exceptions=False,
                 num_returns="streaming").remote(request, chain)
             self._inflight[attempt_id] = generator
+        result: dict[str, Any] | None = None
         try:
-            placed = self._next(generator, cancel, deadline, request)
+            # Waiting in Ray's queue for a node with room is not the task's time: the limit
+            # (build + verify + transfer) starts once the attempt is placed.
+            placed = self._next(generator, cancel, None, request)
+            deadline = time.monotonic() + float(request["timeout_s"]) + \
+                float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
             on_placed(placed)
             result = self._next(generator, cancel, deadline, request)
         finally:
+            if result is None:  # cancelled, timed out, lost, or on_placed raised: stop it
+                self._stop_and_wait(generator)
             with self._lock:
                 self._inflight.pop(attempt_id, None)
-        if result.get("attempt_id") != attempt_id:  # never another try's result
-            raise FtlError("worker_lost", {"seq": request["seq"], "cause": "a stale result"})
         return result
 
-    def _chain_to(self, base: str) -> list[tuple[str, Any]]:
-        """The chain of bundle links ending at ``base``: a new link holds only the commits
-        since the last one, so the driver's cost per head stays flat as history grows."""
-        from ftl.vcs.bundles import head_bundle
-        from ftl.vcs.git import GitError
+    def _largest_node_cpus(self) -> float | None:
+        """CPUs of the cluster's largest live node (read at most every 10 s), None if unknown."""
+        now = time.monotonic()
+        if now - self._nodes_read_at > 10.0:
+            nodes = self.heartbeat().nodes
+            self._largest = max((n["cpus"] for n in nodes), default=None)
+            self._nodes_read_at = now
+        return self._largest
 
-        with self._lock:
+    def _chain_to(self, base: str) -> list[tuple[str, Any]]:
+        """The chain of bundle links that brings ``base``: a new link holds only the commits
+        since the last one, so the driver's cost per head stays flat as history grows. A base
+        older than the last link (lanes read the head in one order and ask in another) is
+        inside the history the chain already carries: the chain is sent as it is.
+
+        Own lock (not the one `cancel` takes): a bundle of a long history can take seconds.
+        """
+        from ftl.vcs.bundles import head_bundle
+        from ftl.vcs.git import Git
+
+        with self._chain_lock:
             for index, (head, _) in enumerate(self._chain):
                 if head == base:
                     return self._chain[:index + 1]
             since = self._chain[-1][0] if self._chain else None
-            try:
-                data = head_bundle(self.repo, base, since)
-            except GitError:  # base is not after the last link (a race between lanes): whole
-                data = head_bundle(self.repo, base)
-            self._chain.append((base, self._ray.put(data)))
+            if since is not None and Git(self.repo).ok("merge-base", "--is-ancestor", base, since):
+                return list(self._chain)
+            if since is not None and not Git(self.repo).ok("merge-base", "--is-ancestor", since,
+                                                             base):
+                since = None  # not a descendant (the branch was moved by hand): whole history
+            self._chain.append((base, self._ray.put(head_bundle(self.repo, base, since))))
             return list(self._chain)
 
-    def _next(self, generator: Any, cancel: threading.Event, deadline: float,
+    def _next(self, generator: Any, cancel: threading.Event, deadline: float | None,
               request: dict[str, Any]) -> dict[str, Any]:
         ray, seq = self._ray, request["seq"]
         try:
@@ -250,18 +340,21 @@ class RayCluster:
                 ready, _ = ray.wait([generator], timeout=_WAIT_SLICE_S)
                 if ready:
                     return ray.get(next(generator))
-                if cancel.is_set() or time.monotonic() > deadline:
-                    ray.cancel(generator, force=True)
-                    if cancel.is_set():
-                        raise FtlError("cancelled", {"what": f"task {seq}"})
-                    raise FtlError("timeout", {"seq": seq, "what": f"Ray attempt of task {seq}",
-                                               "timeout_s": request["timeout_s"]})
+                if cancel.is_set() or self._cancelled:
+                    raise FtlError("cancelled", {"what": f"task {seq}"})
+                if deadline is not None and time.monotonic() > deadline:
+                    raise FtlError("timeout", {
+                        "seq": seq, "what": f"Ray attempt of task {seq}",
+                        "timeout_s": float(request["timeout_s"]) + float(request["verify_timeout_s"])
+                        + _DEADLINE_SLACK_S})
         except StopIteration:
             raise FtlError("worker_lost", {"seq": seq, "cause": "the attempt ended without a "
                                                                 "result"}) from None
         except self._task_cancelled:
             raise FtlError("cancelled", {"what": f"task {seq}"}) from None
         except self._lost as exc:
+            if cancel.is_set() or self._cancelled:  # a force-cancel kills the worker: not lost
+                raise FtlError("cancelled", {"what": f"task {seq}"}) from None
             raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
         except self._task_error as exc:
             # The node's message may name its paths: the log gets it, a response never does.

@@ -9,7 +9,9 @@ The attempt is a generator: it yields its placement first (so the driver can say
 runs while it runs), then its result. Each attempt works in a fresh private checkout at its
 base, made from the machine's cache of the campaign's history (`ftl.vcs.bundles.NodeCache`)
 and removed at the end, so a retry never sees a failed try's files and two attempts never see
-each other's. The cache (``<tmp>/ftl-ray-cache/<campaign_id>``) stays for later attempts.
+each other's (a worker killed mid-attempt leaves its checkout, ``<tmp>/ftl-<campaign_id>-*``).
+The cache (``<tmp>/ftl-ray-cache/<campaign_id>``) stays for later attempts; `forget` removes
+both at the campaign's end.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ftl.vcs.bundles import NodeCache, commit_bundle
 from ftl.vcs.scope import out_of_scope
 from ftl.vcs.worktrees import TaskTree, Worktrees
 
-__all__ = ["run_attempt", "placement", "cache_root", "OUTPUT_TAIL_BYTES"]
+__all__ = ["run_attempt", "placement", "cache_root", "forget", "OUTPUT_TAIL_BYTES"]
 
 OUTPUT_TAIL_BYTES = 64 * 1024
 
@@ -49,6 +51,18 @@ def _command(command: str, cwd: Path, timeout_s: float, env: dict[str, str],
 def cache_root(campaign_id: str) -> Path:
     """This machine's cache of a campaign's history (shared by the nodes and workers on it)."""
     return Path(tempfile.gettempdir()) / "ftl-ray-cache" / campaign_id
+
+
+def forget(campaign_id: str) -> int:
+    """Remove a campaign's history cache and the attempt checkouts a killed worker left on
+    this machine. Returns how many entries were removed."""
+    root = Path(tempfile.gettempdir())
+    removed = 0
+    for entry in [cache_root(campaign_id), *root.glob(f"ftl-{campaign_id}-*")]:
+        if entry.exists():
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    return removed
 
 
 def run_attempt(request: dict[str, Any], chain: Sequence[tuple[str, Callable[[], bytes]]],

@@ -15,6 +15,7 @@ the duration of a git call, in a private temporary folder.
 from __future__ import annotations
 
 import fcntl
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable, Sequence
@@ -107,24 +108,35 @@ class NodeCache:
         self.root.mkdir(parents=True, exist_ok=True)
         with open(self._lock, "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
-            git = Git(self.repo)
-            if not (self.repo / "HEAD").exists():
-                self.repo.mkdir(parents=True, exist_ok=True)
-                git.run("init", "-q", "--bare")
-            present = git.run("cat-file", "--batch-check", input="".join(
-                f"{head}^{{commit}}\n" for head, _ in chain)).stdout.splitlines()
-            have = [not line.endswith(" missing") for line in present]
-            if have and have[-1]:
-                return 0
-            start = max((i + 1 for i, ok in enumerate(have) if ok), default=0)
-            for head, load in chain[start:]:
-                folder, path = _with_file(load())
-                try:
-                    git.run("fetch", "-q", "--no-tags", str(path),
-                            f"+{BUNDLE_REF}:refs/ftl/heads/{head}")
-                finally:
-                    _cleanup(folder)
-            return len(chain) - start
+            try:
+                return self._fetch(chain)
+            except GitError:
+                # A fetch killed midway (its worker died) can leave a lock file or a broken
+                # pack: start the cache again from the chain's first link, once. (An attempt
+                # of this machine whose checkout borrows the old objects then fails its git
+                # step and is blocked; this path is for a broken cache, not a busy one.)
+                shutil.rmtree(self.repo, ignore_errors=True)
+                return self._fetch(chain)
+
+    def _fetch(self, chain: Sequence[tuple[str, Callable[[], bytes]]]) -> int:
+        git = Git(self.repo)
+        if not (self.repo / "HEAD").exists():
+            self.repo.mkdir(parents=True, exist_ok=True)
+            git.run("init", "-q", "--bare")
+        present = git.run("cat-file", "--batch-check", input="".join(
+            f"{head}^{{commit}}\n" for head, _ in chain)).stdout.splitlines()
+        have = [not line.endswith(" missing") for line in present]
+        if have and have[-1]:
+            return 0
+        start = max((i + 1 for i, ok in enumerate(have) if ok), default=0)
+        for head, load in chain[start:]:
+            folder, path = _with_file(load())
+            try:
+                git.run("fetch", "-q", "--no-tags", str(path),
+                        f"+{BUNDLE_REF}:refs/ftl/heads/{head}")
+            finally:
+                _cleanup(folder)
+        return len(chain) - start
 
     def checkout(self, dest: Path, commit: str) -> Git:
         """A private checkout at ``commit`` in ``dest`` (must not exist), borrowing the cache's
@@ -172,11 +184,16 @@ def fetch_task_bundle(repo: Path, bundle: bytes, branch: str, commit: str) -> st
     """
     git = Git(repo)
     folder, path = _with_file(bundle)
+    incoming = f"refs/ftl/incoming/{branch}"
     try:
-        git.run("fetch", "-q", "--no-tags", str(path), f"+{BUNDLE_REF}:refs/heads/{branch}")
-        got = git.out("rev-parse", "--verify", f"refs/heads/{branch}^{{commit}}")
+        # Into a private ref first: the branch moves only to a checked commit (and a leftover
+        # worktree that has the branch checked out does not stop the fetch).
+        git.run("fetch", "-q", "--no-tags", str(path), f"+{BUNDLE_REF}:{incoming}")
+        got = git.out("rev-parse", "--verify", f"{incoming}^{{commit}}")
+        if got != commit:
+            raise GitError(["fetch"], None, f"the bundle carries {got[:12]}, not {commit[:12]}")
+        git.run("update-ref", f"refs/heads/{branch}", commit)
     finally:
         _cleanup(folder)
-    if got != commit:
-        raise GitError(["fetch"], None, f"the bundle carries {got[:12]}, not {commit[:12]}")
+        git.ok("update-ref", "-d", incoming)
     return commit
