@@ -99,8 +99,14 @@ class ToolClient:
 
     def call(self, intent: str, facts: Iterable[dict[str, Any]], tool: str, args: dict[str, Any], *,
              state: str | None = None, seq: str | None = None,
-             cancel: threading.Event | None = None) -> dict[str, Any]:
+             cancel: threading.Event | None = None,
+             admit: Callable[[Callable[[], None]], Any] | None = None) -> dict[str, Any]:
         """Select ``tool`` for ``intent`` and invoke it with ``args``; return its result dict.
+
+        ``admit``: called with the announcement (the ``TOOL_CALL`` emit) after the selection and
+        before the invocation; it runs the announcement when the call may start (e.g. the
+        agents' rate gate, atomically with its open check) or not at all when cancelled, in
+        which case nothing is invoked and FtlError(cancelled) is raised.
 
         A gate decision the server reports is logged as ``GATE_DECISION`` (``tool``,
         ``outcome``, ``gates``; for a refusal also ``denied_by`` and ``reason``, the refusal's
@@ -119,7 +125,19 @@ class ToolClient:
                 raise FtlError("tool_not_exposed", {"tool": tool, "intent": intent,
                                                     "selected": sorted(selected)})
             macro_id = selected[tool]["macro_id"]
-            self.log.emit(ev.TOOL_CALL, state=state, tool=tool, intent=intent, macro_id=macro_id, task_seq=seq)
+            announced: list[bool] = []
+
+            def announce(macro_id: str = macro_id) -> None:
+                self.log.emit(ev.TOOL_CALL, state=state, tool=tool, intent=intent,
+                              macro_id=macro_id, task_seq=seq)
+                announced.append(True)
+
+            if admit is None:
+                announce()
+            else:
+                admit(announce)
+                if not announced:
+                    raise FtlError("cancelled", {"what": f"{tool} for task {seq}"})
             try:
                 response = self.client.invoke(macro_id, args, cancel=cancel)
             except FtlError as error:

@@ -552,12 +552,16 @@ class _ClaudeTries:
                            message=f"Task {self.seq} not started: the campaign's agent spend "
                                    f"${limits.spend.total_usd:.2f} reached max_cost_usd "
                                    f"${run.config.max_cost_usd:.2f}.")
-        limits.gate.wait(self.cancel, emit=run.log.emit, state=run.machine_state)
         args: dict[str, Any] = {"workspace": spec, "exclude_paths": exclude}
         if self.resume:
             args["resume_session_id"] = self.resume
+        # The start waits while the rate gate is closed; its TOOL_CALL is written under the
+        # gate's lock, so no start is ever logged after a close it did not wait out.
         result = run.tools.call(BUILD_INTENT, facts, "claude_builder", args,
-                                state=run.machine_state, seq=self.seq, cancel=self.cancel)
+                                state=run.machine_state, seq=self.seq, cancel=self.cancel,
+                                admit=lambda announce: limits.gate.wait(
+                                    self.cancel, emit=run.log.emit, state=run.machine_state,
+                                    then=announce))
         self._add_cost(result)
         if result.get("error_type") == "rate_limited":
             reopens = result.get("reopens_at")

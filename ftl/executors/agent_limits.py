@@ -81,9 +81,16 @@ class RateGate:
              limit_kind=limit_kind, reason=(reason or "")[:300] or None)
         return until
 
-    def wait(self, cancel: threading.Event, *, emit: Emit, state: str | None = None) -> int:
+    def wait(self, cancel: threading.Event, *, emit: Emit, state: str | None = None,
+             then: Callable[[], Any] | None = None) -> int:
         """Block while the gate is closed; the first waiter to see it open again emits
         ``RATE_GATE`` closed=False. Returns early when ``cancel`` is set.
+
+        Args:
+            then: called once the gate is open, under the gate's lock (so no `close` can come
+                between the check and it): the agent start's announcement (``TOOL_CALL``), so
+                the log never shows a start after a close that did not wait for the opening.
+                Not called when ``cancel`` ended the wait.
 
         Returns:
             the time waited, ms (0 when the gate was open).
@@ -92,18 +99,15 @@ class RateGate:
         while not cancel.is_set():
             with self._lock:
                 until = self._reopens_at
+                if until is not None and (until - self._clock()).total_seconds() <= 0:
+                    self._reopens_at = until = None
+                    emit("RATE_GATE", state=state, closed=False, reopens_at=None)
                 if until is None:
+                    if then is not None:
+                        then()
                     break
                 left_s = (until - self._clock()).total_seconds()
-                if left_s <= 0:
-                    self._reopens_at = None
-                    opened = True
-                else:
-                    opened = False
-            if opened:
-                emit("RATE_GATE", state=state, closed=False, reopens_at=None)
-                break
-            self._wait(cancel, min(left_s, _WAIT_SLICE_S))
+            self._wait(cancel, min(max(left_s, 0.0), _WAIT_SLICE_S))
         return int((time.monotonic() - started) * 1000)
 
 
