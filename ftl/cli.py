@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import click
 
-from ftl import envelope
+from ftl.surfaces import envelope
 from ftl.clickutil import LazyGroup, usage_error
 from ftl.errors import FtlError
 
@@ -124,14 +124,14 @@ def _load_json_file(path: Path, what: str, known_seqs: list[str] | None = None) 
 
 def _runner(repo: Path, config_path: Path | None, as_json: bool, **overrides: Any):
     from ftl.config import load_config
-    from ftl.progress import PlainProgress, RichProgress
+    from ftl.telemetry.progress import PlainProgress, RichProgress
     from ftl.runner import Runner
 
     repo = repo.resolve()
     if not repo.is_dir():
         raise FtlError("not_found", {"what": "the repository directory given by --repo"})
     config = load_config(config_path, repo, **overrides)
-    from ftl.metrics import EventMetrics
+    from ftl.telemetry.metrics import EventMetrics
 
     view = None
     if not as_json and sys.stderr.isatty():
@@ -149,7 +149,7 @@ def _run_with(view: Any, action: Callable[[], Any], metrics_file: Path | None) -
         return action()
     finally:
         if metrics_file is not None:
-            from ftl.metrics import write_textfile
+            from ftl.telemetry.metrics import write_textfile
             write_textfile(metrics_file)
 
 

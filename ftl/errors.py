@@ -11,8 +11,8 @@ Channels (reference §5 rule 4): a row with ``as_tool_result`` is an error the c
 should reason about (its work product failed verification, its own output broke a schema, an
 approval it waited for timed out); MCP surfaces return it as a ``CallToolResult`` with
 ``isError`` holding a response-v2 envelope. Every other row is a protocol, gate or runner fault
-and travels as a JSON-RPC error (`ftl.jsonrpc`). ``docs/errors.md`` is generated from this table
-(``python -m ftl.errors_doc``).
+and travels as a JSON-RPC error (`ftl.surfaces.jsonrpc`). ``docs/errors.md`` is generated from this table
+(``python -m ftl.surfaces.errors_doc``).
 
 This module imports nothing of ftl's: it sits at the bottom of the dependency graph.
 """
@@ -31,7 +31,7 @@ RetryAfterSource = Literal["none", "server"]
 
 #: The 14 error types of FTL's ERROR_HANDLING table, in its order (behaviour reference §3).
 #: ``docs/errors.md`` shows, for each, the check that produces it and the test that shows it
-#: (`ftl.errors_doc.PRODUCED_BY`).
+#: (`ftl.surfaces.errors_doc.PRODUCED_BY`).
 FTL_ERROR_TYPES: tuple[str, ...] = (
     "timeout", "quorum_failure", "aggregation_failed", "clarify_exhausted", "decision_unknown",
     "schema_invalid", "cycle_detected", "budget_exhausted", "verify_failed", "idiom_violation",

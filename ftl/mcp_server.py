@@ -2,7 +2,7 @@
 
 Tools: ``campaign_run``, ``campaign_resume``, ``campaign_status``, ``ready_tasks``,
 ``cascade_analysis``, ``replay_log`` and ``intents``. Every result is a response-v2 envelope
-(`ftl.envelope`), sent both as ``structuredContent`` and as its JSON text.
+(`ftl.surfaces.envelope`), sent both as ``structuredContent`` and as its JSON text.
 
 Error channels (errors-and-gates reference §5 rule 4), all rendered from `ftl.errors`:
 
@@ -10,7 +10,7 @@ Error channels (errors-and-gates reference §5 rule 4), all rendered from `ftl.e
   breaks the schema or has a cycle, its work failed verification, an approval timed out) and a
   campaign that returned from ERROR come back as a ``CallToolResult`` with ``isError`` and a
   ``success: false`` envelope;
-* protocol, gate and runner faults are JSON-RPC errors (`ftl.jsonrpc`): unknown tool or bad
+* protocol, gate and runner faults are JSON-RPC errors (`ftl.surfaces.jsonrpc`): unknown tool or bad
   arguments -32602, gate refusals -32015/-32014/-32003/-32007, ftl's kinds -32060.., anything
   unclassified -32603 with a correlation id (its traceback only in the log). The SDK's own
   protocol errors (unknown method, malformed params) are re-shaped to the same ``data``; on
@@ -30,7 +30,7 @@ configuration (``--config`` or ``<repo>/ftl.toml`` at start), never from a repos
 names, so a caller cannot pick a repository without gates to escape them.
 
 Run ``ftl mcp [--repo DIR] [--config FILE]`` (or ``python -m ftl.mcp_server``). Logs are JSON
-lines on stderr (`ftl.logs`); stdout carries only the protocol.
+lines on stderr (`ftl.telemetry.logs`); stdout carries only the protocol.
 """
 
 from __future__ import annotations
@@ -56,12 +56,13 @@ from mcp.shared.exceptions import MCPError
 from mcp.shared.message import SessionMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ftl import envelope, logs
+from ftl.surfaces import envelope
+from ftl.telemetry import logs
 from ftl.config import Config, load_config
 from ftl.errors import FtlError
-from ftl.jsonrpc import (SDK_RESERVED_CODES, STANDARD_KINDS, CorrelationIds, accept_correlation_id,
+from ftl.surfaces.jsonrpc import (SDK_RESERVED_CODES, STANDARD_KINDS, CorrelationIds, accept_correlation_id,
                          bare_internal_error, error_object, kind_for_code)
-from ftl.metrics import METRICS, EventMetrics, Metrics
+from ftl.telemetry.metrics import METRICS, EventMetrics, Metrics
 
 __all__ = ["FtlMcpServer", "TOOLS", "ToolSpec", "Outcome", "CallContext", "MAX_MESSAGE_BYTES", "SOURCE", "mcp"]
 
@@ -413,7 +414,7 @@ class FtlMcpServer:
         repo: default repository of every tool (must exist).
         config_path: ``--config`` file (default: each repository's ``ftl.toml``); its ``[gates]``
             gate every call.
-        metrics: counters (default: the process-wide `ftl.metrics.METRICS`).
+        metrics: counters (default: the process-wide `ftl.telemetry.metrics.METRICS`).
         runner_factory: ``factory(repo, config, on_event=...) -> Runner`` (default
             `ftl.runner.Runner`; tests pass one with an in-process tool server).
         gatekeeper: an object with ``visible(tool) -> bool`` and ``check(call)`` to use instead
@@ -575,7 +576,7 @@ class FtlMcpServer:
         return self.mcp_error(FtlError(name, details), cid, tool)
 
     def mcp_error(self, exc: BaseException, cid: str, tool: str | None = None) -> MCPError:
-        """``exc`` as an ``MCPError`` built by `ftl.jsonrpc.error_object` (counted, logged)."""
+        """``exc`` as an ``MCPError`` built by `ftl.surfaces.jsonrpc.error_object` (counted, logged)."""
         obj = error_object(exc, cid, tool=tool, logger=log)
         try:
             self.metrics.count_error(obj["data"]["error_type"])

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from pydantic import BaseModel
 
-from ftl.envelope import ResponseV2
+from ftl.surfaces.envelope import ResponseV2
 from ftl.events import EventRecord, add_event_fields
 from ftl.models import BuildResult, ExplorerResult, Plan, Task, Workspace
 

@@ -4,7 +4,7 @@ rule, input parsing, and store-only helpers the scripts share.
 
 Output contract (every script, every command):
 
-* stdout carries exactly one JSON object, the response-v2 envelope of `ftl.envelope`
+* stdout carries exactly one JSON object, the response-v2 envelope of `ftl.surfaces.envelope`
   (``success``, ``data``, ``error``, ``meta.version == "response-v2"``), on one line. Only
   ``--help`` prints text.
 * ``data`` carries FTL's payload shape (``shared/reference/ftl-behaviour.md`` §4): where FTL
@@ -15,7 +15,7 @@ Output contract (every script, every command):
   ``data.error_code``, ``data.error_type``, ``data.details``, ``data.remediation``. Click's own
   usage errors (unknown option, missing argument, bad value) become ``schema_invalid``
   envelopes too. No traceback ever reaches stdout or stderr: an unexpected exception prints
-  `ftl.envelope.internal_failure` and its traceback goes to ``<repo>/.ftl/lib.log`` under the
+  `ftl.surfaces.envelope.internal_failure` and its traceback goes to ``<repo>/.ftl/lib.log`` under the
   correlation id.
 
 Exit codes: 0 success; 2 the request was refused (bad input, unknown campaign/seq/plan/
@@ -56,7 +56,7 @@ import os  # noqa: E402
 
 import click  # noqa: E402
 
-from ftl import envelope  # noqa: E402
+from ftl.surfaces import envelope  # noqa: E402
 from ftl.clickutil import usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
 from ftl.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts

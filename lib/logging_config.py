@@ -2,7 +2,7 @@
 
 FTL logging_config.py (enzokro/crinzo-plugins ``ftl/lib/logging_config.py``, commit 89a2f8e):
 ``tail [-n N]``, ``clear``, ``test``. ftl's runner writes the same file (``.ftl/ftl.log``), one
-JSON object per line (`ftl.logs`), so ``tail`` shows those lines; FTL's lines were plain text.
+JSON object per line (`ftl.telemetry.logs`), so ``tail`` shows those lines; FTL's lines were plain text.
 ``clear`` empties the file instead of deleting it, so a runner that holds it open keeps
 logging into it. Output and exit codes: see ``lib/_common.py``; the FTL output mode prints
 FTL's text.
@@ -57,7 +57,7 @@ def test(env: Env) -> Reply:
     written to log"."""
     import logging
 
-    from ftl.logs import configure
+    from ftl.telemetry.logs import configure
 
     logger, root = logging.getLogger("ftl.test"), logging.getLogger("ftl")
     level = root.level  # configure() may lower it; restored so a caller's logging is unchanged

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (Env, FtlRefusal, Reply, command, parse_json_option, parse_workspace_ref, run,
                      script_group, wrap)
-from ftl.envelope import Warning
+from ftl.surfaces.envelope import Warning
 from ftl.errors import FtlError
 
 cli = script_group("workspace.py", "Workspaces: one builder attempt at one task (FTL workspace.py).")

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ftl.metrics import EventMetrics, Metrics
-from ftl.progress import describe
+from ftl.telemetry.metrics import EventMetrics, Metrics
+from ftl.telemetry.progress import describe
 from ftl.status import agent_spend
 
 

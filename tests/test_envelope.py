@@ -1,4 +1,4 @@
-"""Tests for ftl.envelope: the response-v2 shapes (errors-and-gates reference §2.1-2.4) and the
+"""Tests for ftl.surfaces.envelope: the response-v2 shapes (errors-and-gates reference §2.1-2.4) and the
 trust boundary (only safe details, no secrets, bounded messages, nothing from exceptions)."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import re
 
 import pytest
 
-from ftl import envelope
-from ftl.envelope import Warning
+from ftl.surfaces import envelope
+from ftl.surfaces.envelope import Warning
 from ftl.errors import REGISTRY, FtlError
-from ftl.sanitize import REDACTED
+from ftl.surfaces.sanitize import REDACTED
 
 REQUEST_ID = re.compile(r"^req_[0-9a-f]{16}$")
 

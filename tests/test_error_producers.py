@@ -1,7 +1,7 @@
 """Each FTL error type produced by ftl's own checks in a real campaign run (issue 15 item 3).
 
 Every test drives `Runner` on a scratch repository with ftl's embedded MangleCP server in
-process and real shell commands; nothing is raised by hand. `ftl.errors_doc.PRODUCED_BY` names
+process and real shell commands; nothing is raised by hand. `ftl.surfaces.errors_doc.PRODUCED_BY` names
 these tests (and a few elsewhere) as the producers shown in ``docs/errors.md``.
 """
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from ftl.errors import FTL_ERROR_TYPES, REGISTRY
-from ftl.errors_doc import PRODUCED_BY, render
+from ftl.surfaces.errors_doc import PRODUCED_BY, render
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def test_the_fourteen_ftl_error_types_are_registry_rows() -> None:
 @pytest.mark.parametrize("error_type", FTL_ERROR_TYPES)
 def test_every_ftl_error_type_has_a_producing_test(error_type: str) -> None:
     producer = PRODUCED_BY.get(error_type)
-    assert producer is not None, f"{error_type}: no entry in ftl.errors_doc.PRODUCED_BY"
+    assert producer is not None, f"{error_type}: no entry in ftl.surfaces.errors_doc.PRODUCED_BY"
     assert producer.check.strip(), f"{error_type}: say which check produces it"
     node, source = _function(producer.test)
     assert node.name.startswith("test_")

@@ -1,7 +1,7 @@
 """The one error model on every surface: registry invariants (codes unique where they must be,
 none of the MCP SDK's reserved codes, every kind named in the source exists, docs/errors.md in
-sync), the JSON-RPC rendering of ftl.jsonrpc (ThoughtGate's ErrorData population rules and its
-EC-ERR edge cases), client-bound sanitising, and the structured JSON logs of ftl.logs."""
+sync), the JSON-RPC rendering of ftl.surfaces.jsonrpc (ThoughtGate's ErrorData population rules and its
+EC-ERR edge cases), client-bound sanitising, and the structured JSON logs of ftl.telemetry.logs."""
 
 from __future__ import annotations
 
@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftl import envelope, errors_doc, jsonrpc, logs
+from ftl.surfaces import envelope, errors_doc, jsonrpc
+from ftl.telemetry import logs
 from ftl.errors import GATE_ORDER, REGISTRY, FtlError, kind
-from ftl.sanitize import REDACTED, looks_internal, redact_paths, sanitize_text
+from ftl.surfaces.sanitize import REDACTED, looks_internal, redact_paths, sanitize_text
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = list(REGISTRY.values())
@@ -139,7 +140,7 @@ def test_the_source_scan_catches_a_typo(tmp_path: Path) -> None:
 
 def test_docs_errors_md_is_generated_from_the_registry() -> None:
     committed = (ROOT / "docs" / "errors.md").read_text(encoding="utf-8")
-    assert committed == errors_doc.render(), "run `python -m ftl.errors_doc`"
+    assert committed == errors_doc.render(), "run `python -m ftl.surfaces.errors_doc`"
     for row in ROWS:
         assert f"`{row.error_type}`" in committed
 

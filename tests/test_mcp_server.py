@@ -35,9 +35,9 @@ from click.testing import CliRunner
 from mcp import Client, MCPError, StdioServerParameters
 
 from ftl.errors import FtlError
-from ftl.jsonrpc import CorrelationIds
+from ftl.surfaces.jsonrpc import CorrelationIds
 from ftl.mcp_server import TOOLS, FtlMcpServer, mcp
-from ftl.metrics import Metrics
+from ftl.telemetry.metrics import Metrics
 from ftl.runner import Runner, connect_in_process
 
 SECRETS = ("hunter2", "abc123def456ghi")

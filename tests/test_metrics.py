@@ -1,4 +1,4 @@
-"""ftl.metrics: the four counters on ftl's own registry, derived from the event log by
+"""ftl.telemetry.metrics: the four counters on ftl's own registry, derived from the event log by
 EventMetrics, with bounded label values, no *_created series, and byte-identical dumps of the
 same run (reference §3.2, §5 rule 5)."""
 
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftl import metrics as metrics_module
+from ftl.telemetry import metrics as metrics_module
 from ftl.errors import REGISTRY
 from ftl.events import EventLog, read_events
-from ftl.metrics import MAX_LABEL_VALUES, OTHER, EventMetrics, Metrics
+from ftl.telemetry.metrics import MAX_LABEL_VALUES, OTHER, EventMetrics, Metrics
 
 LOGS = Path(__file__).resolve().parent / "logs"
 
@@ -172,7 +172,7 @@ def test_in_process_campaign_counts_each_gate_decision_once(tmp_path) -> None:
 
     from ftl.config import Config
     from ftl.events import read_events
-    from ftl.metrics import METRICS, EventMetrics
+    from ftl.telemetry.metrics import METRICS, EventMetrics
     from ftl.runner import Runner, connect_in_process
 
     reject_002 = [sys.executable, "-c", "import json, sys; call = json.load(sys.stdin); "

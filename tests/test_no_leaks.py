@@ -27,9 +27,9 @@ from click.testing import CliRunner
 from mcp import Client, MCPError
 
 from ftl.cli import main as ftl_main
-from ftl.jsonrpc import CorrelationIds
+from ftl.surfaces.jsonrpc import CorrelationIds
 from ftl.mcp_server import TOOLS, FtlMcpServer
-from ftl.metrics import Metrics
+from ftl.telemetry.metrics import Metrics
 from ftl.runner import Runner, connect_in_process
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -126,7 +126,7 @@ def test_every_plan_the_model_accepts_the_schema_accepts(raw: dict) -> None:
 
 
 def test_real_envelopes_and_events_validate_against_their_schemas(tmp_path) -> None:
-    from ftl import envelope
+    from ftl.surfaces import envelope
     from ftl.errors import FtlError
     from ftl.events import EventLog, read_events
 

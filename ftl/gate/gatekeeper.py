@@ -54,7 +54,7 @@ class Gatekeeper:
             prompt_io: interactive channel for ``mode = "prompt"`` (default: the controlling
                 TTY, looked up at each approval).
             clock: monotonic clock, s; sleep: sleep function, s (both injected by tests).
-            count: count each decision in `ftl.metrics` (``ftl_gate_decisions_total``,
+            count: count each decision in `ftl.telemetry.metrics` (``ftl_gate_decisions_total``,
                 ``ftl_gate_denials_total``). Off for a campaign's in-process tool server, whose
                 decisions the campaign counts from its ``GATE_DECISION`` events.
         Raises:
@@ -216,7 +216,7 @@ def _count_gate(gate: str, outcome: str, *, reason: str | None = None) -> None:
     """``ftl_gate_decisions_total{gate, outcome}`` and, for a refusal (``reason``: its error
     kind), ``ftl_gate_denials_total{gate, reason}``; metrics never stop a gate decision."""
     try:
-        from ftl.metrics import count_gate, count_gate_denial
+        from ftl.telemetry.metrics import count_gate, count_gate_denial
         count_gate(gate, outcome)
         if reason is not None:
             count_gate_denial(gate, reason)

@@ -15,7 +15,7 @@ from typing import Callable, Iterable, TextIO
 
 import click
 
-from ftl import envelope
+from ftl.surfaces import envelope
 from ftl.cli import _emit, handled, json_option
 from ftl.errors import FtlError
 

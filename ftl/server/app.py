@@ -97,7 +97,7 @@ def server_info(version: str | None = None) -> ServerInfo:
 
 def load_gate(repo: Path, config: Config, *, count: bool = True) -> Any:
     """The gatekeeper for ``config.gates``, or None when the table is empty; ``count``: whether
-    it counts its decisions in `ftl.metrics` (`ftl.gate.Gatekeeper.from_config`).
+    it counts its decisions in `ftl.telemetry.metrics` (`ftl.gate.Gatekeeper.from_config`).
 
     Raises:
         FtlError(configuration_error): gates are configured but ``ftl.gate`` cannot be imported
@@ -116,17 +116,17 @@ def load_gate(repo: Path, config: Config, *, count: bool = True) -> Any:
 
 
 def _count_error_hook() -> Any:
-    """`ftl.metrics.count_error` as the server's ``on_error`` hook, when that module exists.
+    """`ftl.telemetry.metrics.count_error` as the server's ``on_error`` hook, when that module exists.
 
-    ``ftl.metrics`` (and prometheus_client, ~40 ms) is imported at the first error, not at
+    ``ftl.telemetry.metrics`` (and prometheus_client, ~40 ms) is imported at the first error, not at
     server start (boot time, issue 11 item 2); without the module errors are not counted.
     """
-    if importlib.util.find_spec("ftl.metrics") is None:
+    if importlib.util.find_spec("ftl.telemetry.metrics") is None:
         return None
 
     def on_error(error_type: str, gate: str | None) -> None:
         try:
-            count_error = importlib.import_module("ftl.metrics").count_error
+            count_error = importlib.import_module("ftl.telemetry.metrics").count_error
         except (ImportError, AttributeError):
             return
         count_error(error_type, gate=gate)
@@ -151,12 +151,12 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
             that warms its evaluator first and then announces ``ready``).
         gate: a gate object (``visible(name)``, ``check(call)``) to use instead of the one
             ``config.gates`` describes.
-        count: count errors and gate decisions in ``ftl.metrics``. Off for a campaign's
+        count: count errors and gate decisions in ``ftl.telemetry.metrics``. Off for a campaign's
             in-process server (`connect` ``in_process``): the campaign counts them from its own
             events (``TOOL_FAILURE``, ``GATE_DECISION``), and one process counts each once.
     Returns:
         a `ManglecpServer` advertising conformance level 2, whose errors are counted in
-        ``ftl.metrics`` (``ftl_errors_total``) when ``count``; each successful invocation's
+        ``ftl.telemetry.metrics`` (``ftl_errors_total``) when ``count``; each successful invocation's
         gate decision travels in its response as ``x-gate_decision``; call ``close()`` to stop
         its evaluation workers.
     Raises:

@@ -13,7 +13,7 @@ client that closes its connection cancels its request (the server polls for the 
 signals the invocation, whose tools stop their subprocesses); ``POST /manglecp/cancel`` with a
 ``cancel`` message does the same for a request sent with the same credentials (``x-http_cancel``
 in the HTTP manifest's extensions). Also ``GET /manglecp/skills/{skill_id}`` (the full text of a
-referenced skill, ``x-skills``) and ``GET /metrics`` (Prometheus exposition from `ftl.metrics`);
+referenced skill, ``x-skills``) and ``GET /metrics`` (Prometheus exposition from `ftl.telemetry.metrics`);
 both need the bearer token when auth is on.
 """
 
@@ -291,7 +291,7 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
         if denied is not None:
             return denied
         try:
-            render = importlib.import_module("ftl.metrics").render
+            render = importlib.import_module("ftl.telemetry.metrics").render
         except (ImportError, AttributeError):
             return Response("metrics are not available in this installation\n", status_code=404,
                             media_type="text/plain")

@@ -176,7 +176,7 @@ def test_serve_http_subprocess_with_token(tmp_path):
         client.close()
         assert httpx.get(url + "/metrics").status_code == 401
         metrics = httpx.get(url + "/metrics", headers={"Authorization": "Bearer sekrit"}).text
-        # the refused evaluation above was counted by the server (ftl.metrics via on_error)
+        # the refused evaluation above was counted by the server (ftl.telemetry.metrics via on_error)
         assert 'ftl_errors_total{category="authentication",code="auth_required",gate="none"}' in metrics
     finally:
         process.terminate()

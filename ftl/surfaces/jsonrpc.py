@@ -14,7 +14,7 @@ Wire shape (ThoughtGate REQ-CORE-004, errors-and-gates reference §1.7)::
   a gate refused; ``details`` only the row's safe keys, minus those already lifted into the
   top level; ``retry_after`` (s, rounded up, ThoughtGate's unit) only for kinds whose hint
   comes from the server (rate limits, a server that is not ready).
-* Everything is sanitised (`ftl.sanitize`): messages capped at 1 KiB on a character boundary,
+* Everything is sanitised (`ftl.surfaces.sanitize`): messages capped at 1 KiB on a character boundary,
   invalid UTF-8 replaced, secrets scrubbed, absolute paths cut, and a message carrying a
   traceback, SQL or policy text replaced by the row's template.
 * An exception that is not an `FtlError` becomes ``internal_error`` (its traceback goes to the
@@ -36,8 +36,8 @@ import uuid
 from typing import Any, Mapping
 
 from ftl.errors import REGISTRY, FtlError
-from ftl.logs import log_error
-from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
+from ftl.telemetry.logs import log_error
+from ftl.surfaces.sanitize import looks_internal, sanitize_text, sanitize_value
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600
@@ -60,7 +60,7 @@ MAX_DETAIL_ITEMS = 50
 _LIFTED = frozenset({"tool", "gate", "correlation_id", "retry_after_ms"})
 _CORRELATION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,63}$")
 
-log = logging.getLogger("ftl.jsonrpc")
+log = logging.getLogger("ftl.surfaces.jsonrpc")
 
 
 class CorrelationIds:
@@ -161,7 +161,7 @@ def error_object(exc: BaseException, correlation_id: str | None = None, *, tool:
         exc: what went wrong (an `FtlError` or any exception).
         correlation_id: the request's id; generated when missing (ThoughtGate EC-ERR-004).
         tool: the tool the request named, if any.
-        logger: where the record goes (default ``ftl.jsonrpc``).
+        logger: where the record goes (default ``ftl.surfaces.jsonrpc``).
         surface: a label for the log line.
     Returns:
         ``{"code", "message", "data"}``; plain JSON. Never raises: a failure while building it

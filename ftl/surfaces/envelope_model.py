@@ -1,7 +1,7 @@
 """The response-v2 envelope as pydantic models: the source of ``schemas/response-v2.schema.json``.
 
-Kept apart from `ftl.envelope` (which builds envelopes as plain dicts) so that printing an
-envelope never imports pydantic; ``ftl.envelope.ResponseV2`` still names these classes.
+Kept apart from `ftl.surfaces.envelope` (which builds envelopes as plain dicts) so that printing an
+envelope never imports pydantic; ``ftl.surfaces.envelope.ResponseV2`` still names these classes.
 Shape: foundry-mcp response-v2, errors-and-gates reference §2.1-2.4.
 """
 
