@@ -16,9 +16,9 @@ address (Ray Client) the server may keep a dead client's tasks running for a whi
 ends them, a resumed attempt of the same task can run beside the old one (the old one's result
 is never read, so nothing is integrated twice, but its command runs twice).
 
-The code travels as git bundles: a chain whose first link holds the history and each next link
-the commits since the one before, put into Ray's object store once, kept by each node in a
-cache it shares between its workers; the result comes back as a bundle of the task commit
+The code travels as git bundles: segments of a chain whose first link holds the history and
+each next link the commits since the one before, put into Ray's object store once, kept by
+each node in a cache it shares between its workers; the result comes back as a bundle of the task commit
 (`ftl.vcs.bundles`).
 """
 
@@ -45,6 +45,8 @@ _WAIT_SLICE_S = 0.2  # how often a waiting task call looks at its cancel flag, s
 #: After a polite cancel (KeyboardInterrupt in the attempt: its command's group is stopped),
 #: how long before the attempt's worker is killed, s.
 CANCEL_GRACE_S = 5.0
+#: Links per segment of the bundle chain (see `RayCluster._chain_to`).
+CHAIN_SEGMENT = 32
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
 
 
@@ -140,7 +142,7 @@ class RayCluster:
         self._remote = ray.remote(remote_attempt)
         self._lock = threading.Lock()
         # The integration heads sent so far, each with its bundle link (`ftl.vcs.bundles`).
-        self._chain: list[tuple[str, Any]] = []
+        self._segments: list[list[tuple[str, Any]]] = []
         self._chain_lock = threading.Lock()
         self._largest: float | None = None
         self._nodes_read_at = float("-inf")
@@ -231,8 +233,8 @@ class RayCluster:
 
     def shutdown(self) -> None:
         """Disconnect (the cluster keeps running); idempotent."""
-        with self._lock:
-            self._chain.clear()
+        with self._chain_lock:
+            self._segments.clear()
         try:
             self._ray.shutdown()
         except Exception:  # noqa: BLE001 - shutting down a broken connection
@@ -309,10 +311,14 @@ class RayCluster:
         return self._largest
 
     def _chain_to(self, base: str) -> list[tuple[str, Any]]:
-        """The chain of bundle links that brings ``base``: a new link holds only the commits
-        since the last one, so the driver's cost per head stays flat as history grows. A base
-        older than the last link (lanes read the head in one order and ask in another) is
-        inside the history the chain already carries: the chain is sent as it is.
+        """The bundle links that bring ``base`` to a node (`ftl.vcs.bundles.NodeCache`).
+
+        Links come in segments: a segment starts with a link holding the whole history, and
+        each next link holds only the commits since the one before. A segment ends after
+        `CHAIN_SEGMENT` links, so an attempt carries at most that many references and the
+        driver bundles the whole history once per segment, not once per head. A base older
+        than the last link (lanes read the head in one order and ask in another) is inside
+        the history the segment already carries: the segment is sent as it is.
 
         Own lock (not the one `cancel` takes): a bundle of a long history can take seconds.
         """
@@ -320,17 +326,23 @@ class RayCluster:
         from ftl.vcs.git import Git
 
         with self._chain_lock:
-            for index, (head, _) in enumerate(self._chain):
-                if head == base:
-                    return self._chain[:index + 1]
-            since = self._chain[-1][0] if self._chain else None
-            if since is not None and Git(self.repo).ok("merge-base", "--is-ancestor", base, since):
-                return list(self._chain)
-            if since is not None and not Git(self.repo).ok("merge-base", "--is-ancestor", since,
-                                                             base):
-                since = None  # not a descendant (the branch was moved by hand): whole history
-            self._chain.append((base, self._ray.put(head_bundle(self.repo, base, since))))
-            return list(self._chain)
+            for segment in reversed(self._segments):
+                for index, (head, _) in enumerate(segment):
+                    if head == base:
+                        return segment[:index + 1]
+            segment = self._segments[-1] if self._segments else []
+            since = segment[-1][0] if segment else None
+            git = Git(self.repo)
+            if since is not None and not git.ok("merge-base", "--is-ancestor", since, base):
+                if git.ok("merge-base", "--is-ancestor", base, since):
+                    return list(segment)
+                since = None  # unrelated (the branch was moved by hand): whole history
+            if since is None or len(segment) >= CHAIN_SEGMENT:
+                segment = []
+                self._segments = [*self._segments[-1:], segment]  # the older ones are done
+                since = None
+            segment.append((base, self._ray.put(head_bundle(self.repo, base, since))))
+            return list(segment)
 
     def _next(self, generator: Any, cancel: threading.Event, deadline: float | None,
               request: dict[str, Any]) -> dict[str, Any]:
