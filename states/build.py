@@ -126,7 +126,11 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
 def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
              recorded: list[Any], worker: str = "w1") -> TaskOutcome:
     task = run.current_plan.task(seq)
-    rows = run.store.tasks(run.campaign_id)
+    # The graph (3 columns), then the full rows of what the workspace reads: this task, its
+    # dependencies, the blocked tasks (sibling failures). Not every spec of a big campaign.
+    graph = run.store.task_graph(run.campaign_id)
+    blocked = [other for other, status in graph[1].items() if status == "blocked"]
+    rows = run.store.tasks(run.campaign_id, seqs=[seq, *task.depends, *blocked])
     row = next((r for r in rows if r["seq"] == seq), None) or run.store.task(run.campaign_id, seq)
     attempt = max(1, int(row.get("attempts") or 1))
     timeout_s = run.config.task_timeout_s(task.budget, task.timeout_s)
@@ -159,7 +163,7 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
     built = built[0] if built is not None else None
 
     outcome = _build_and_verify(run, task, workspace, spec, facts, cancel, built,
-                                exclude=_concurrent_paths(run, seq, rows))
+                                exclude=_concurrent_paths(run, seq, graph))
     if isinstance(outcome, TaskOutcome):
         return outcome
     build_result, verify = outcome
@@ -594,7 +598,8 @@ class _ClaudeTries:
         self.run.agent_limits.spend.add(result.get("total_cost_usd"))
 
 
-def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[str]:
+def _concurrent_paths(run: Run, seq: str,
+                      graph: tuple[dict[str, list[str]], dict[str, str]]) -> list[str]:
     """Paths (delta + creates) of the tasks that may run while ``seq`` runs in the shared
     checkout, so the builder does not charge their changes to ``seq``: none with one job (the
     TASK flow always has one); otherwise the unfinished shared tasks that are neither ancestors
@@ -602,9 +607,9 @@ def _concurrent_paths(run: Run, seq: str, rows: list[dict[str, Any]]) -> list[st
     jobs = 1 if run.flow is Flow.TASK else run.config.jobs
     if jobs <= 1:
         return []
-    deps = {r["seq"]: r["depends"] for r in rows}
+    deps, statuses = graph
     related = dag.ancestors(deps, seq) | dag.descendants(deps, seq) | {seq}
-    live = {r["seq"] for r in rows if r["status"] in ("pending", "running")}
+    live = {other for other, status in statuses.items() if status in ("pending", "running")}
     return sorted({path for other in run.current_plan.tasks
                    if other.seq in live and other.seq not in related
                    and run.task_isolation(other) == "shared"
