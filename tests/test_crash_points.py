@@ -501,10 +501,11 @@ def test_only_tasks_that_can_run_alongside_are_excluded_from_the_scope_check() -
             {"seq": "003", "depends": ["002"], "status": "pending"},
             {"seq": "004", "depends": [], "status": "running"},
             {"seq": "005", "depends": [], "status": "blocked"}]
-    assert build_state._concurrent_paths(_scope_run(jobs=1), "002", rows) == []
-    assert build_state._concurrent_paths(_scope_run(jobs=4, flow=Flow.TASK), "002", rows) == []
+    graph = ({r["seq"]: r["depends"] for r in rows}, {r["seq"]: r["status"] for r in rows})
+    assert build_state._concurrent_paths(_scope_run(jobs=1), "002", graph) == []
+    assert build_state._concurrent_paths(_scope_run(jobs=4, flow=Flow.TASK), "002", graph) == []
     # 001 is an ancestor, 003 a descendant, 005 has finished: only 004 can run alongside 002.
-    assert build_state._concurrent_paths(_scope_run(jobs=4), "002", rows) == ["004.txt", "new/004"]
+    assert build_state._concurrent_paths(_scope_run(jobs=4), "002", graph) == ["004.txt", "new/004"]
 
 
 # --------------------------------------------------------------------------- 10: errors outside tool calls
