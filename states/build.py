@@ -291,17 +291,8 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
     commit, tree, built = None, None, None
     build_result: dict[str, Any] = {}
     verify: dict[str, Any] = {}
-    # Only an attempt after an earlier one (a resume, a re-run) can find its commit made.
-    earlier = workspace.attempt > 1 or bool(run.store.workspaces(run.campaign_id, seq))
-    found = trees.task_commit(name) if earlier else None
-    if found is not None and found.trailers.get("Ftl-Spec") == spec_digest(spec):
-        run.store.record_workspace(run.campaign_id, {**spec, "status": "active",
-                                                     "base_commit": found.base},
-                                   built={"status": "complete", "reused_commit": found.commit})
-        recorded.append(workspace)
-        run.recovery.recovery(strategy="reuse_commit", success=True, state=run.machine_state,
-                              task_seq=seq, commit=found.commit,
-                              integrated=trees.is_integrated(found.commit))
+    found = _reused_commit(run, task, workspace, spec, recorded)
+    if found is not None:
         commit, build_result = found, {"reused_commit": found.commit}
     else:
         previous = _already_built(run, seq, spec)
@@ -332,17 +323,9 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
         try:
             return _integrate(run, workspace, commit, build_result, verify, started)
         except MergeConflict as conflict:
-            others = conflict.other_seqs
-            error = FtlError("merge_conflict", {
-                "seq": seq, "other_seq": ", ".join(others) or "(a change outside this campaign)",
-                "paths": conflict.paths[:20]})
-            run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
-                         other_seqs=others, paths=conflict.paths[:20], round=round_)
-            _emit_failure(run, error, tool="integrate", seq=seq)
-            if round_ == 2 or cancel.is_set():
-                return _block(run, workspace, error)
-            run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
-                                  task_seq=seq, error=error, other_seqs=others)
+            outcome = _conflicted(run, workspace, commit, conflict, round_, cancel)
+            if outcome is not None:
+                return outcome
             tree, built, commit = trees.prepare(name), None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
     raise AssertionError("unreachable: the second round returns or blocks")
