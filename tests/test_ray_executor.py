@@ -238,15 +238,17 @@ def test_ctrl_c_cancels_the_ray_tasks_and_the_campaign_resumes(cluster: str, tmp
            f'touch {marks}/tried; sleep 60 & echo $! > {marks}/child.pid; '
            f'echo $$ > {marks}/shell.pid; wait')
     plan = _plan(tmp_path / "plan.json", [_task(1, run)])
+    stderr = (tmp_path / "stderr.txt").open("w")
     proc = subprocess.Popen([FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
                              "--executor", "ray", "--ray-address", cluster],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            stdout=subprocess.DEVNULL, stderr=stderr)
     try:
         pid_file = marks / "shell.pid"
         _wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 120, "the shell")
         started = time.monotonic()
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=45) == 130
+        code = proc.wait(timeout=45)
+        assert code == 130, (tmp_path / "stderr.txt").read_text()[-3000:]
         assert time.monotonic() - started < 40  # not the 60 s the command would take
 
         def gone(path: Path) -> bool:  # the cancel stopped the command's whole group

@@ -143,6 +143,7 @@ class RayCluster:
         self._lock = threading.Lock()
         # The integration heads sent so far, each with its bundle link (`ftl.vcs.bundles`).
         self._segments: list[list[tuple[str, Any]]] = []
+        self._stops: set[tuple[int, bool]] = set()  # (attempt generator id, force) asked
         self._chain_lock = threading.Lock()
         self._largest: float | None = None
         self._nodes_read_at = float("-inf")
@@ -166,27 +167,26 @@ class RayCluster:
     def cancel(self) -> None:
         """Cancel every attempt in flight (idempotent); their calls end ``cancelled``.
 
-        A polite cancel first (Ray raises KeyboardInterrupt in the attempt, whose command
-        runner then stops the command's whole process group); the attempts still running
-        `CANCEL_GRACE_S` later are force-cancelled (their worker is killed).
+        A polite cancel (Ray raises KeyboardInterrupt in the attempt, whose command runner then
+        stops the command's whole process group). Each waiting call sees the cancel too and,
+        on its way out, force-cancels its attempt if it has not ended `CANCEL_GRACE_S` later
+        (`_stop_and_wait`): no timer thread, so nothing calls Ray after the run shut it down
+        (a Ray call after ``ray.shutdown`` would start Ray again).
         """
         with self._lock:
             self._cancelled = True
             running = list(self._inflight.values())
         for generator in running:
             self._stop(generator, force=False)
-        if running:
-            timer = threading.Timer(CANCEL_GRACE_S, self._force_inflight)
-            timer.daemon = True
-            timer.start()
-
-    def _force_inflight(self) -> None:
-        with self._lock:
-            running = list(self._inflight.values())
-        for generator in running:
-            self._stop(generator, force=True)
 
     def _stop(self, generator: Any, *, force: bool) -> None:
+        # Each attempt is asked once politely and at most once by force: a repeated cancel of
+        # a task that is finishing can race Ray's own completion of it in the driver.
+        key = (id(generator), force)
+        with self._lock:
+            if key in self._stops:
+                return
+            self._stops.add(key)
         try:
             self._ray.cancel(generator, force=force)
         except Exception:  # noqa: BLE001 - already finished or gone: nothing to stop
@@ -299,6 +299,8 @@ class RayCluster:
                 self._stop_and_wait(generator)
             with self._lock:
                 self._inflight.pop(attempt_id, None)
+                self._stops.discard((id(generator), False))
+                self._stops.discard((id(generator), True))
         return result
 
     def _largest_node_cpus(self) -> float | None:
