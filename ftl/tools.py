@@ -45,8 +45,10 @@ class ToolClient:
     macro-tools are valid (90% of their shortest ``validity`` window, MangleCP spec 06 §2; tools
     without a window are not reused). Reuse needs identical facts: the server binds a macro-tool
     to the facts it was selected with (its gates decide on them), so another task's facts are a
-    new evaluation. A reused macro-tool the server has evicted (``macro_not_found`` /
-    ``macro_expired``) is selected afresh and invoked once more (spec 09 §7).
+    new evaluation; the runner therefore describes a task to build or verify by its kind
+    (``task_kind``), not its seq, and one selection serves every task of that kind. A reused
+    macro-tool the server has evicted (``macro_not_found`` / ``macro_expired``) is selected
+    afresh and invoked once more (spec 09 §7).
     """
 
     CACHE_SIZE = 256  # selections kept (least recently used go first)

@@ -75,6 +75,7 @@ from ftl.states.execute import AGENT_COST_KEYS
 from ftl.status import agent_spend
 from ftl.tools import fact
 from ftl.vcs.scope import out_of_scope
+from ftl.vcs.git import GitError
 from ftl.vcs.worktrees import MergeConflict, spec_digest
 from ftl.workspaces import build_workspace
 
@@ -140,12 +141,7 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
         memory=run.store.memory(type="failure", limit=5,
                                 objective=f"{run.current_plan.objective} {task.slug}"))
     spec = workspace.model_dump(mode="json")
-    facts = run.facts() + [fact("task", seq, task.type.value)]
-    if task.run:
-        facts.append(fact("task_has_run", seq))
-    requested = "claude" if _builder_for(run, task) == "claude_builder" else task.builder
-    if requested:
-        facts.append(fact("builder_requested", seq, requested))
+    facts = _task_kind_facts(run, task)
     if run.task_isolation(task) == "worktree":
         if run.worktrees is None:
             raise FtlError("configuration_error", {
@@ -495,12 +491,18 @@ def _escalate_remote(error: FtlError) -> FtlError:
 
 def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, Any],
                verify: dict[str, Any], started: float, **detail: Any) -> TaskOutcome:
-    """Integrate a verified task commit and complete the task. Raises MergeConflict."""
+    """Integrate a verified task commit and complete the task, then remove its worktree (git's
+    cost of adding a worktree grows with the number standing: keep it to the running tasks).
+    Raises MergeConflict."""
     integration = run.worktrees.integrate(commit, name=workspace.workspace_id)
     if not integration.already:
         run.log.emit(ev.TASK_INTEGRATED, task_seq=workspace.seq, commit=commit.commit,
                      head=integration.head, previous=integration.previous,
                      fast_forward=integration.fast_forward)
+    try:  # the commit is integrated: resume needs only the branch from here on
+        run.worktrees.remove(workspace.workspace_id)
+    except (GitError, OSError) as error:  # a leftover folder; the campaign's end removes it
+        _LOG.warning("task %s: its worktree was not removed: %s", workspace.seq, error)
     return _complete(run, workspace, build_result, verify, started, commit=commit.commit,
                      integration_head=integration.head, **detail)
 
@@ -599,6 +601,20 @@ def _concurrent_paths(run: Run, seq: str,
                    for path in (*other.delta, *other.creates)})
 
 
+def _task_kind_facts(run: Run, task: Any) -> list[dict[str, Any]]:
+    """The facts of a build or verify selection: the campaign's, and the task's kind without its
+    seq (``task_kind``, ``run_given``, ``builder_kind``), so one selection serves every task of
+    the same kind while its macro-tools are valid (`ftl.tools.ToolClient`); the seq travels in
+    the invocation's arguments (the workspace, the verifier's ``seq``). Issue 11 item 3."""
+    facts = run.facts() + [fact("task_kind", task.type.value)]
+    if task.run:
+        facts.append(fact("run_given"))
+    requested = "claude" if _builder_for(run, task) == "claude_builder" else task.builder
+    if requested:
+        facts.append(fact("builder_kind", requested))
+    return facts
+
+
 def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
                 cancel: threading.Event, exclude_paths: list[str]) -> dict[str, Any]:
     result = run.tools.call(BUILD_INTENT, facts, builder,
@@ -611,7 +627,8 @@ def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
 
 def _verify_once(run: Run, facts: list, command: str, seq: str,
                  cancel: threading.Event, workdir: str | None = None) -> dict[str, Any]:
-    args: dict[str, Any] = {"command": command, "timeout_s": run.config.verify_timeout_s}
+    args: dict[str, Any] = {"command": command, "timeout_s": run.config.verify_timeout_s,
+                            "seq": seq}
     if workdir:
         args["workdir"] = workdir
     result = run.tools.call(VERIFY_INTENT, facts, "run_verify", args,

@@ -127,3 +127,29 @@ def test_with_the_embedded_server_in_process(tmp_path: Path, log: EventLog):
         assert tools.evaluations == 1
     finally:
         client.close()
+
+
+def test_one_selection_serves_every_task_of_a_kind(tmp_path: Path, log: EventLog):
+    """Task-free facts (task_kind, run_given, builder_kind): one evaluation per intent for any
+    number of tasks, and each invocation's outcome facts still name its own task (issue 11)."""
+    from ftl.server.app import connect
+
+    client = connect(tmp_path, Config(), in_process=True)
+    try:
+        tools = ToolClient(client, log)
+        facts = [fact("campaign_state", "execute"), fact("task_kind", "BUILD"), fact("run_given"),
+                 fact("builder_kind", "shell")]
+        assert sorted(tools.select("build_task", facts)) == ["shell_builder"]
+        selected = tools.select("verify_task", facts)
+        for seq in ("001", "002", "003"):
+            tools.call("verify_task", facts, "run_verify", {"command": "true", "timeout_s": 30, "seq": seq})
+        assert tools.evaluations == 2
+        response = client.invoke(selected["run_verify"]["macro_id"],
+                                 {"command": "false", "timeout_s": 30, "seq": "007"})
+        asserted = [(item["pred"], item["args"]) for item in response.state_delta.assert_]
+        assert asserted == [("verify_result", ["007", False])]
+        assert response.next["suggested_intents"][0]["name"] == "build_task"
+        assert [(f["pred"], f["args"]) for f in response.next["continuation_facts"]] == [
+            ("task", ["007", "BUILD"])]
+    finally:
+        client.close()

@@ -38,6 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Protocol
 from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
+from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.messages import (
     CLIENT_TYPES, INT53_MAX, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
     FactsProfile, IntentRequest, InvokeRequest, Manifest, NormalFact, PredicateSchema, ProtocolError,
@@ -414,7 +415,23 @@ class Session:
         self.credentials = credentials
         self.principal: Principal | None = None
         self._running: dict[str, threading.Event] = {}
+        self._given: dict[str, threading.Event] = {}  # the caller's own cancel events (in process)
         self._lock = threading.Lock()
+
+    def give_cancel(self, request_id: str, event: threading.Event | None) -> None:
+        """In process only: ``event`` (the caller's) is the cancel flag of request
+        ``request_id``'s invocation, so a cancel needs no message and no relay thread. None
+        forgets it (after the request). `cancel_all` never sets a caller's event."""
+        with self._lock:
+            if event is None:
+                self._given.pop(request_id, None)
+            else:
+                self._given[request_id] = event
+
+    def _cancel_flag(self, request_id: str) -> threading.Event:
+        """The cancel flag for a new invocation: the caller's (`give_cancel`), else a new one."""
+        with self._lock:
+            return self._given.pop(request_id, None) or threading.Event()
 
     def _register(self, request_id: str, event: threading.Event) -> None:
         with self._lock:
@@ -436,7 +453,8 @@ class Session:
     def cancel_all(self) -> None:
         """Signal every running request (transport closed, e.g. stdin EOF)."""
         with self._lock:
-            events = list(self._running.values())
+            given = {id(event) for event in self._given.values()}
+            events = [event for event in self._running.values() if id(event) not in given]
         for event in events:
             event.set()
 
@@ -678,6 +696,8 @@ class ManglecpServer:
         self._status = status
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
         self._macros: OrderedDict[tuple[str, str], _Macro] = OrderedDict()
+        interval = self.limits.progress_interval_s
+        self._ticker = ProgressTicker(interval) if interval is not None and interval > 0 else None
         self._buckets: dict[str, TokenBucket] = {}
         self._lock = threading.Lock()
         self._confirm = ConfirmationTokens(secret or os.urandom(32), self.limits.confirmation_ttl_s,
@@ -791,7 +811,9 @@ class ManglecpServer:
         return manifest
 
     def close(self) -> None:
-        """Release the evaluator (worker processes)."""
+        """Release the evaluator (worker processes) and the progress thread."""
+        if self._ticker is not None:
+            self._ticker.close()
         self.evaluator.close()
 
     # -- dispatch ----------------------------------------------------------------------------
@@ -1231,7 +1253,7 @@ class ManglecpServer:
                  principal: Principal, session: Session,
                  sink: Callable[[dict[str, Any]], None], bound: BoundContext,
                  gate_decision: dict[str, Any] | None = None) -> dict[str, Any]:
-        cancel = threading.Event()
+        cancel = session._cancel_flag(request_id)
         correlation_id = uuid.uuid4().hex[:12]
         sink_lock = threading.Lock()
         finished = threading.Event()
@@ -1254,16 +1276,10 @@ class ManglecpServer:
         session._register(request_id, cancel)
         send({"status": "started"})
         started = self.clock.monotonic()
-        heartbeat = None
-        interval = self.limits.progress_interval_s
-        if interval is not None and interval > 0:
-            def beat() -> None:  # periodic "still running" for long invocations (spec 07 §7)
-                began = time.monotonic()
-                while not finished.wait(interval):
-                    send({"status": "running",
-                          "detail": f"{tool.name} running for {time.monotonic() - began:.0f} s"})
-            heartbeat = threading.Thread(target=beat, name="manglecp-progress", daemon=True)
-            heartbeat.start()
+        watch = None  # periodic "still running" for long invocations (spec 07 §7)
+        if self._ticker is not None:
+            watch = self._ticker.watch(lambda elapsed_s: send(
+                {"status": "running", "detail": f"{tool.name} running for {elapsed_s:.0f} s"}))
         try:
             result = tool.invoke(dict(request.args),
                                  InvocationContext(cancel, progress, correlation_id, principal.identity))
@@ -1284,10 +1300,10 @@ class ManglecpServer:
                                 {"correlation_id": correlation_id}) from None
         finally:
             session._unregister(request_id)
-            if heartbeat is not None:
-                with sink_lock:
-                    finished.set()
-                heartbeat.join()
+            if watch is not None:
+                self._ticker.unwatch(watch)
+            with sink_lock:  # a progress message already on its way is dropped from here on
+                finished.set()
         if cancel.is_set():
             raise ProtocolError("cancelled", "The invocation was cancelled.")
         duration_ms = int((self.clock.monotonic() - started) * 1000)

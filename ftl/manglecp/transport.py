@@ -117,8 +117,9 @@ class InProcessTransport(Transport):
     """Calls a `ManglecpServer` in this process (one session per transport).
 
     The request runs in the calling thread (so tool subprocesses are started from a long-lived
-    thread); a cancel is delivered by a small watcher thread, which ends by itself within
-    50 ms of the reply (the request never waits for it: that wait cost up to 50 ms per call).
+    thread). The caller's ``cancel`` event is the invocation's own cancel flag
+    (`Session.give_cancel`): no cancel message, no relay thread (a thread per call cost more
+    than a short tool).
     """
 
     supports_progress = True
@@ -142,22 +143,14 @@ class InProcessTransport(Transport):
     def request(self, message: Mapping[str, Any], *, on_message: OnMessage | None = None,
                 cancel: threading.Event | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         request_id = str(message.get("id"))
-        done = threading.Event()
-        watcher = None
         if cancel is not None:
-            def watch() -> None:
-                while not done.is_set():
-                    if cancel.wait(_POLL_S):
-                        if not done.is_set():
-                            self.server.handle(cancel_message(request_id), session=self.session)
-                        return
-            watcher = threading.Thread(target=watch, name="manglecp-cancel", daemon=True)
-            watcher.start()
+            self.session.give_cancel(request_id, cancel)
         emit = (lambda m: on_message(m) if on_message and m.get("type") == "progress" else None)
         try:
             replies = self.server.handle(dict(message), session=self.session, emit=emit)
         finally:
-            done.set()
+            if cancel is not None:
+                self.session.give_cancel(request_id, None)
         if not replies:
             raise _network_error("the server sent no reply")
         return replies[-1]

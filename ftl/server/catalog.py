@@ -126,19 +126,25 @@ def _pattern(pred: str, *args: Any) -> dict[str, Any]:
     return {"pred": pred, "args": list(args)}
 
 
-def _bound_task(bound: BoundContext) -> tuple[str | None, str]:
-    """The (seq, type) of the single ``task`` fact the tool was selected with, else (None, BUILD)."""
+def _bound_task(bound: BoundContext, seq: str | None = None) -> tuple[str | None, str]:
+    """The (seq, type) of the task an invocation concerns: ``seq`` from the invocation's
+    arguments when given, with the type of the selection's single ``task_kind`` fact (a
+    selection shared by every task of a kind); else the single ``task`` fact the tool was
+    selected with; else (None, BUILD)."""
+    kinds = bound.args_of("task_kind")
+    if seq and len(kinds) == 1 and len(kinds[0]) == 1:
+        return seq, str(kinds[0][0])
     tasks = bound.args_of("task")
     if len(tasks) == 1 and len(tasks[0]) == 2:
-        return str(tasks[0][0]), str(tasks[0][1])
-    return None, "BUILD"
+        return seq or str(tasks[0][0]), str(tasks[0][1])
+    return seq or None, "BUILD"
 
 
 def builder_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundContext) -> InvocationOutcome:
     """Builders: ``build_outcome``, the changed files (or one roll-up), ``task_status`` when
     blocked; next ``verify_task`` after a complete build, ``analyze_cascade`` after a block."""
     workspace = args.get("workspace") if isinstance(args.get("workspace"), dict) else {}
-    seq = str(workspace.get("seq") or "") or _bound_task(bound)[0]
+    seq, task_type = _bound_task(bound, str(workspace.get("seq") or "") or None)
     status = str(result.get("status") or "failed")
     changed = [str(p) for p in result.get("files_changed") or []]
     outside = {str(p) for p in result.get("out_of_scope") or []}
@@ -152,7 +158,6 @@ def builder_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundCo
     retracts = [_pattern("build_outcome", seq, None), _pattern("file_changed", seq, None, None),
                 _pattern("bulk_modification_completed", seq, None, None)]
     suggested, continuation = [], []
-    task_type = _bound_task(bound)[1]
     if status == "blocked":
         asserts.append(fact("task_status", seq, "blocked"))
         retracts.append(_pattern("task_status", seq, None))
@@ -171,10 +176,11 @@ def builder_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundCo
 
 def verify_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundContext) -> InvocationOutcome:
     """Verifier: ``verify_result`` and, when it passed, ``task_status(seq, complete)``; after a
-    failure, ``build_task`` again. Needs the single ``task`` fact of the evaluation for the seq."""
+    failure, ``build_task`` again. The seq: the ``seq`` argument, else the single ``task`` fact
+    of the evaluation."""
     passed = bool(result.get("passed"))
     verdict = "passed" if passed else f"failed (exit {result.get('exit_code')})"
-    seq, task_type = _bound_task(bound)
+    seq, task_type = _bound_task(bound, str(args.get("seq") or "") or None)
     if seq is None:
         return InvocationOutcome(summary=f"The verify command {verdict}.")
     asserts = [fact("verify_result", seq, passed)]
@@ -204,8 +210,9 @@ def plan_outcome(args: dict[str, Any], result: dict[str, Any], bound: BoundConte
     suggested = []
     if decision == "PROCEED":
         suggested.append({"name": "build_task",
-                          "description": "Build the plan's ready tasks, sending task/2 and task_has_run/1 "
-                                         "for each."})
+                          "description": "Build the plan's ready tasks: task_kind/1 and run_given "
+                                         "describe a kind of task (one selection for all of "
+                                         "them), task/2 and task_has_run/1 a single task."})
     elif decision == "CLARIFY":
         suggested.append({"name": bound.intent if bound.intent in ("plan_campaign", "replan_campaign")
                           else "plan_campaign",

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from ftl.vcs import libgit
 from ftl.vcs.git import Git, GitError
 
 __all__ = ["Worktrees", "TaskTree", "TaskCommit", "Integration", "MergeConflict", "Probe",
@@ -245,6 +246,9 @@ class Worktrees:
                     self._remove_locked(path)
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
+                if libgit.add_worktree(self.repo, name=name, path=path, branch=branch, base=base):
+                    return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
+                                    branch=branch, base=base)
                 try:
                     self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
                 except GitError:  # git still lists a worktree there that is gone: prune, retry
@@ -271,6 +275,9 @@ class Worktrees:
     def stage(self, tree: TaskTree) -> list[str]:
         """Stage every change in ``tree`` (``git add -A``: ignored files such as ``__pycache__``
         are not changes) and return the changed paths against its base, sorted."""
+        changed = libgit.stage_all(tree.path, tree.base)
+        if changed is not None:
+            return changed
         tree_git = Git(tree.path)
         tree_git.run("add", "-A")
         out = tree_git.run("diff", "--cached", "--name-only", "-z", "--no-renames", tree.base).stdout
@@ -285,9 +292,13 @@ class Worktrees:
         message = (f"ftl: {tree.name}\n\nTask {seq} ({slug}), attempt {attempt}, of campaign "
                    f"{self.campaign_id}.\n\n"
                    + "".join(f"{key}: {value}\n" for key, value in trailers.items()))
-        Git(tree.path, self._identity(tree.name)).run(
-            "commit", "-q", "--allow-empty", "--no-verify", "-F", "-", input=message)
-        commit = Git(tree.path).out("rev-parse", "HEAD")
+        identity = self._identity(tree.name)
+        commit = libgit.commit(tree.path, branch=tree.branch, parent=tree.base, message=message,
+                               name=identity["GIT_AUTHOR_NAME"], email=identity["GIT_AUTHOR_EMAIL"])
+        if commit is None:
+            Git(tree.path, identity).run(
+                "commit", "-q", "--allow-empty", "--no-verify", "-F", "-", input=message)
+            commit = Git(tree.path).out("rev-parse", "HEAD")
         return TaskCommit(commit=commit, base=tree.base, trailers=trailers)
 
     def task_commit(self, name: str) -> TaskCommit | None:
@@ -333,11 +344,17 @@ class Worktrees:
     def _move(self, new: str, old: str) -> None:
         """Move the integration branch from ``old`` to ``new`` (compare-and-swap: git refuses
         if it is not at ``old``, e.g. moved by hand; the cached head is then dropped)."""
-        try:
-            self.git.run("update-ref", f"refs/heads/{self.integration}", new, old)
-        except GitError:
+        moved = libgit.move_ref(self.repo, f"refs/heads/{self.integration}", new, old)
+        if moved is False:
             self._head = None
-            raise
+            raise GitError(["update-ref", f"refs/heads/{self.integration}", new, old], 1,
+                           f"the integration branch no longer points at {old[:12]}")
+        if moved is None:
+            try:
+                self.git.run("update-ref", f"refs/heads/{self.integration}", new, old)
+            except GitError:
+                self._head = None
+                raise
         self._head = new
 
     def _tasks_touching(self, base: str, head: str, paths: list[str]) -> list[str]:
@@ -398,7 +415,9 @@ class Worktrees:
     def remove(self, name: str) -> None:
         """Remove task ``name``'s worktree (its branch stays). Idempotent."""
         with self._refs_lock:
-            self._remove_locked(self.path_of(name))
+            path = self.path_of(name)
+            if not libgit.remove_worktree(self.repo, name=name, path=path):
+                self._remove_locked(path)
 
     def finish(self) -> list[str]:
         """End of the campaign: remove its worktrees and delete the task branches whose tips

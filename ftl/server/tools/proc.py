@@ -112,6 +112,18 @@ class _Tail:
 _child_setup = parent_death_setup  # the preexec_fn of every command (parent-death signal)
 
 
+_EXIT = object()  # the selector key of a leader's pidfd
+
+
+def _pidfd(pid: int) -> int | None:
+    """A pidfd of child ``pid`` (Linux >= 5.3), readable once it exits; None where there is
+    none (the wait loop then polls with a growing sleep)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
 def _exited(pid: int) -> bool:
     """True once ``pid`` has exited; leaves it a zombie so its pid (= the pgid) cannot be reused."""
     try:
@@ -332,11 +344,14 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
 
     pending_in = memoryview(stdin or b"")
     selector = selectors.DefaultSelector()
+    exit_fd = _pidfd(proc.pid)
     try:
         assert proc.stdin and proc.stdout and proc.stderr
         for stream, tail in ((proc.stdout, out), (proc.stderr, err)):
             os.set_blocking(stream.fileno(), False)
             selector.register(stream, selectors.EVENT_READ, tail)
+        if exit_fd is not None:  # readable once the leader exits: the wait wakes at once
+            selector.register(exit_fd, selectors.EVENT_READ, _EXIT)
         if pending_in:
             os.set_blocking(proc.stdin.fileno(), False)
             selector.register(proc.stdin, selectors.EVENT_WRITE, None)
@@ -346,6 +361,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         def pump(wait_s: float) -> None:
             nonlocal pending_in
             for key, _ in selector.select(wait_s):
+                if key.data is _EXIT:
+                    continue
                 if key.data is None:  # stdin writable
                     try:
                         written = os.write(key.fd, pending_in[:_READ_CHUNK])
@@ -371,7 +388,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                     selector.unregister(key.fileobj)
 
         def reading() -> bool:
-            return any(key.data is not None for key in selector.get_map().values())
+            return any(key.data is not None and key.data is not _EXIT
+                       for key in selector.get_map().values())
 
         deadline = started + timeout_s
         idle_s = 0.001  # once the pipes are closed, poll for the exit with a growing interval
@@ -385,12 +403,16 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             if idle_timeout_s is not None and time.monotonic() - last_stdout >= idle_timeout_s:
                 idle_timed_out = True
                 break
-            if reading() or pending_in:
+            if reading() or pending_in or exit_fd is not None:
                 pump(min(_POLL_S, max(0.0, deadline - time.monotonic())))
             else:
                 time.sleep(min(idle_s, max(0.0, deadline - time.monotonic())))
                 idle_s = min(idle_s * 2, _POLL_S)
         # The leader is done or must stop: either way nothing of its group may stay behind.
+        if exit_fd is not None:
+            selector.unregister(exit_fd)
+            os.close(exit_fd)
+            exit_fd = None
         _stop_group(proc.pid, grace_s, before=counters)
         drain_until = time.monotonic() + _DRAIN_LIMIT_S
         while reading() and time.monotonic() < drain_until:
@@ -400,6 +422,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         proc.wait()
     finally:
         selector.close()
+        if exit_fd is not None:
+            os.close(exit_fd)
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None and not stream.closed:
                 try:
@@ -434,9 +458,19 @@ def git_status(repo: Path, *, cancel: threading.Event | None = None,
     ignored files are not listed). Paths are repository-relative with ``/`` separators and are
     relative to ``repo`` when ``repo`` is a sub-directory of the work tree.
 
+    An uncancellable call (the builder's two snapshots per task) asks libgit2 in process first
+    (`ftl.vcs.libgit.status`: 0.05 ms instead of a 2.5 ms git process on a small repository),
+    and git where libgit2 cannot answer like git.
+
     Returns:
         ``{path: "XY"}``, or None when ``repo`` is not in a git work tree or git is unavailable.
     """
+    if cancel is None:
+        from ftl.vcs import libgit
+
+        found = libgit.status(repo)
+        if found is not None:
+            return found
     strip = _git_prefixes.get(str(repo))
     if strip is None:
         prefix = _git(["rev-parse", "--show-prefix"], repo, timeout_s, cancel)

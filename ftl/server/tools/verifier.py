@@ -23,6 +23,8 @@ class VerifyArgs(BaseModel):
     timeout_s: float = Field(300.0, gt=0, description="Time limit, s.")
     workdir: str | None = Field(None, description="Where to run, relative to the repository (a "
                                                   "task's worktree); default the repository.")
+    seq: str | None = Field(None, max_length=64, description="The task verified: its outcome facts "
+                                                            "(verify_result, task_status) name it.")
 
 
 def run_verify(args: VerifyArgs, ctx: ToolContext) -> dict[str, Any]:
