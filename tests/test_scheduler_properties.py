@@ -14,9 +14,9 @@ from typing import Any, Callable
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftl.dag import critical_path, descendants
+from ftl.dag import critical_path, descendants, seq_key
 from ftl.executors.base import Execute, Finished, Health
-from ftl.scheduler import Scheduler, TaskOutcome, _seq_key, critical_path_priority
+from ftl.scheduler import Scheduler, TaskOutcome, critical_path_priority
 
 
 class SteppingExecutor:
@@ -44,7 +44,7 @@ class SteppingExecutor:
 
     def submit(self, seq: str, worker: str) -> None:
         candidates = self.ready()
-        best = min(candidates, key=lambda s: (self.key(s), _seq_key(s)), default=None)
+        best = min(candidates, key=lambda s: (self.key(s), seq_key(s)), default=None)
         if seq != best:
             self.violations.append(f"submitted {seq} while {best} ranks first among {candidates}")
         if worker in self.running.values():
@@ -60,7 +60,7 @@ class SteppingExecutor:
         if not self.running:
             self.violations.append("asked to wait with nothing running")
             return None
-        seq = self.pick(sorted(self.running, key=_seq_key))
+        seq = self.pick(sorted(self.running, key=seq_key))
         worker = self.running.pop(seq)
         assert self.execute is not None
         outcome = self.execute(seq, worker)
