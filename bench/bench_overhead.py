@@ -29,7 +29,7 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -161,15 +161,21 @@ def lower_bound_s(plan: dict[str, Any], durations: dict[str, float], jobs: int) 
     return max(max(finish.values()), sum(durations.values()) / jobs)
 
 
-def simulate(plan: dict[str, Any], durations: dict[str, float], jobs: int) -> float:
-    """Span (s) of the runner's schedule with zero overhead: list scheduling with the
-    priority the runner gives the scheduler (`ftl.scheduler.critical_path_priority` over the
-    budgets, ties by seq). ``bound / sim`` is what the start order allows; ``sim / span`` is
-    what the runner's own work costs."""
+def simulate(plan: dict[str, Any], durations: dict[str, float], jobs: int,
+             priority: Callable[[str], Any] | None = None) -> float:
+    """Span (s) of a list schedule with zero overhead: whenever a lane is free, the ready task
+    with the lowest ``priority(seq)`` starts (ties by seq) and runs for ``durations[seq]``.
+
+    ``priority`` None: the runner's own rule, `ftl.scheduler.critical_path_priority` over the
+    budgets (states/execute.py feeds it budget x seconds_per_budget, the same order).
+    ``bound / sim`` is what the start order allows; ``sim / span`` is what the runner's own
+    work costs.
+    """
     from ftl.scheduler import critical_path_priority
 
     deps = {t["seq"]: (t["depends"] if isinstance(t["depends"], list) else []) for t in plan["tasks"]}
-    priority = critical_path_priority(deps, {t["seq"]: float(t["budget"]) for t in plan["tasks"]})
+    if priority is None:
+        priority = critical_path_priority(deps, {t["seq"]: float(t["budget"]) for t in plan["tasks"]})
     done_at: dict[str, float] = {}
     running: list[tuple[float, str]] = []
     now = 0.0

@@ -118,28 +118,36 @@ def _seq_key(seq: Hashable) -> tuple:
 
 
 def critical_path_priority(deps: Mapping[str, Sequence[str]],
-                           durations: Mapping[str, float]) -> Callable[[str], float]:
+                           durations: Mapping[str, float]) -> Callable[[str], tuple[float, float]]:
     """A ``priority`` for `Scheduler` that starts the task heading the longest remaining chain.
 
-    Each task's key is minus its bottom level: its own duration plus the longest chain of
-    duration through its dependents (list scheduling with "highest level first"). When more tasks
-    are ready than slots are free, this starts the one the critical path runs through, which
-    the plain seq order may leave waiting (see bench/bench_scheduler.py).
+    List scheduling with "highest level first" (Graham, Hu; HEFT's upward rank on identical
+    lanes): a task's level is its bottom level, its own duration plus the longest chain of
+    duration through its dependents. When more tasks are ready than lanes are free, this starts
+    the one the critical path runs through, which the plain seq order may leave waiting.
+    Equal levels are common when the durations are whole budgets; among those, the task whose
+    direct dependents hold more work starts first (it releases more to run in parallel), then
+    the lower seq. bench/bench_priority.py compares rules on 4,000 seeded DAGs: the tie-breaks
+    (this one, seq, all descendants' work or count, own duration) are within noise of each
+    other (0.9816-0.9819 of the lower bound; sign test |z| < 2), "bottom + top level" is worse
+    (0.978), and so are a flat estimate (0.966: e.g. the same timeout for every task) and no
+    priority (0.961). This tie-break is the cheapest of the best (linear, no descendant sets).
 
     Args:
         deps: seq -> seqs it depends on (deps outside the graph are ignored).
-        durations: seq -> expected duration in s (e.g. budget x seconds_per_budget); a
-            missing seq counts as 0.
+        durations: seq -> expected duration in s (e.g. budget x seconds_per_budget; an upper
+            limit such as a timeout is not an estimate); a missing seq counts as 0.
 
     Returns:
-        ``seq -> -bottom_level`` (lower starts first; unknown seqs get 0.0).
+        ``seq -> (-bottom_level, -work of its direct dependents)`` (lower starts first; unknown
+        seqs get ``(0.0, 0.0)``). Cost: linear in tasks + edges.
 
     Raises:
         FtlError(cycle_detected): the dependencies form a cycle.
     """
     dependents: dict[str, list[str]] = {seq: [] for seq in deps}
     for seq, ds in deps.items():
-        for d in ds:
+        for d in dict.fromkeys(ds):  # a dependency listed twice is one edge
             if d in dependents:
                 dependents[d].append(seq)
     try:
@@ -148,11 +156,16 @@ def critical_path_priority(deps: Mapping[str, Sequence[str]],
     except CycleError as exc:
         cycle = [str(s) for s in exc.args[1]]
         raise FtlError("cycle_detected", {"cycle": " -> ".join(cycle), "violations": cycle}) from None
+
+    def own(seq: str) -> float:
+        return float(durations.get(seq, 0.0))
+
+    key: dict[str, tuple[float, float]] = {}
     level: dict[str, float] = {}
     for seq in reversed(order):  # dependents first
-        level[seq] = float(durations.get(seq, 0.0)) + max((level[c] for c in dependents[seq]),
-                                                          default=0.0)
-    return lambda seq: -level.get(seq, 0.0)
+        level[seq] = own(seq) + max((level[c] for c in dependents[seq]), default=0.0)
+        key[seq] = (-level[seq], -sum(own(c) for c in dependents[seq]))
+    return lambda seq: key.get(seq, (0.0, 0.0))
 
 
 class Scheduler:

@@ -109,13 +109,26 @@ def test_priority_orders_ready_tasks_ties_by_seq():
 def test_critical_path_priority_prefers_the_longest_remaining_chain():
     deps = {"001": [], "002": [], "003": ["002"], "004": ["003", "999"]}
     key = critical_path_priority(deps, {"001": 5.0, "002": 1.0, "003": 2.0, "004": 3.0})
-    assert [key(s) for s in ["001", "002", "003", "004", "zzz"]] == [-5.0, -6.0, -5.0, -3.0, 0.0]
+    # (-bottom level, -work of the direct dependents); a seq outside the graph ranks (0, 0).
+    assert [key(s) for s in ["001", "002", "003", "004", "zzz"]] == \
+        [(-5.0, 0.0), (-6.0, -2.0), (-5.0, -3.0), (-3.0, 0.0), (0.0, 0.0)]
     rec = Recorder()
     make(deps, rec, jobs=1, priority=key).run()
-    assert rec.kinds("start") == ["002", "001", "003", "004"]
+    assert rec.kinds("start") == ["002", "003", "001", "004"]  # 003 ties 001, more behind it
     with pytest.raises(FtlError) as err:
         critical_path_priority({"001": ["002"], "002": ["001"]}, {})
     assert err.value.error_type == "cycle_detected"
+
+
+def test_critical_path_ties_go_to_the_task_with_more_work_behind_it():
+    # Budgets tie often: 001 and 002 both head a chain of 3, but 002 releases two tasks at once.
+    deps = {"001": [], "002": [], "003": ["001"], "004": ["002"], "005": ["002"]}
+    budgets = {"001": 1.0, "002": 1.0, "003": 2.0, "004": 2.0, "005": 1.0}
+    key = critical_path_priority(deps, budgets)
+    assert key("001")[0] == key("002")[0] == -3.0
+    rec = Recorder()
+    make(deps, rec, jobs=1, priority=key).run()
+    assert rec.kinds("start")[:2] == ["002", "001"]
 
 
 def test_never_more_than_jobs_and_lanes_are_reused():
