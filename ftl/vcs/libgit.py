@@ -24,7 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["status", "stage_all", "commit", "move_ref", "add_worktree", "remove_worktree"]
+__all__ = ["status", "stage_all", "commit", "move_ref", "add_worktree", "remove_worktree",
+           "is_ancestor", "merge_disjoint"]
 
 pygit2: Any = None  # imported on first use: the light commands never need it
 FileStatus: Any = None
@@ -233,3 +234,69 @@ def remove_worktree(repo_path: Path, *, name: str, path: Path) -> bool:
         return True
     except (pygit2.GitError, OSError, ValueError):
         return False
+
+
+def is_ancestor(repo_path: Path, commit: str, of: str) -> bool | None:
+    """``git merge-base --is-ancestor COMMIT OF`` in process (a commit is its own ancestor).
+
+    Returns:
+        Whether ``commit`` is ``of`` or one of its ancestors; None when libgit2 cannot answer
+        like git: run the CLI.
+    """
+    repo = _open(repo_path)
+    if repo is None:
+        return None
+    try:
+        return commit == of or bool(repo.descendant_of(pygit2.Oid(hex=of), pygit2.Oid(hex=commit)))
+    except (pygit2.GitError, ValueError, KeyError):
+        return None
+
+
+def _side(repo: Any, base: Any, tip: Any) -> set[str] | None:
+    """The paths one side of a merge added or modified since ``base``; None when it deleted,
+    renamed or retyped anything (then a merge may need rename detection: git's call)."""
+    paths: set[str] = set()
+    for delta in repo.diff(base, tip).deltas:
+        if delta.status not in (pygit2.enums.DeltaStatus.ADDED, pygit2.enums.DeltaStatus.MODIFIED):
+            return None
+        paths.add(delta.new_file.path)
+    return paths
+
+
+def _parents(path: str) -> set[str]:
+    parts = path.split("/")
+    return {"/".join(parts[:end]) for end in range(1, len(parts))}
+
+
+def merge_disjoint(repo_path: Path, *, head: str, task: str, base: str, message: str, name: str,
+                   email: str) -> str | None:
+    """Merge commit ``task`` (made on ``base``) into ``head`` in process when both sides since
+    ``base`` only added or modified files, and no file of one side is a file or a folder of the
+    other: the merged tree is then the union of the two sides, which any merge algorithm (git's
+    ``ort`` included) gives; like ``git merge-tree --write-tree HEAD TASK`` and ``git commit-tree
+    -p HEAD -p TASK``, author and committer ``name <email>``.
+
+    Returns:
+        The merge commit's id (parents ``head``, ``task``; no ref moved); None when the change is
+        not of that shape or libgit2 fails: run the CLI, which also reports conflicts.
+    """
+    repo = _open(repo_path)
+    if repo is None:
+        return None
+    try:
+        if not repo.descendant_of(pygit2.Oid(hex=head), pygit2.Oid(hex=base)):
+            return None  # the branch was moved by hand: ``base`` is not the merge base
+        trees = [repo.get(commit).peel(pygit2.Tree) for commit in (base, head, task)]
+        ours, theirs = _side(repo, trees[0], trees[1]), _side(repo, trees[0], trees[2])
+        if ours is None or theirs is None or ours & theirs:
+            return None
+        if any(_parents(path) & theirs for path in ours) or any(_parents(path) & ours for path in theirs):
+            return None
+        index = repo.merge_trees(trees[0], trees[1], trees[2])
+        if index.conflicts is not None:
+            return None
+        who = pygit2.Signature(name, email)
+        return str(repo.create_commit(None, who, who, message, index.write_tree(repo),
+                                      [pygit2.Oid(hex=head), pygit2.Oid(hex=task)]))
+    except (pygit2.GitError, ValueError, KeyError, AttributeError):
+        return None

@@ -326,17 +326,27 @@ class Worktrees:
             if task.base == head:  # nothing integrated since the task started: fast-forward
                 self._move(task.commit, head)
                 return Integration(head=task.commit, previous=head, fast_forward=True)
-            if self.git.ok("merge-base", "--is-ancestor", task.commit, head):
+            known = libgit.is_ancestor(self.repo, task.commit, head)
+            if known is None:
+                known = self.git.ok("merge-base", "--is-ancestor", task.commit, head)
+            if known:
                 return Integration(head=head, previous=head, already=True)
+            message = (f"ftl: integrate {name}\n\n"
+                       + "".join(f"{key}: {value}\n" for key, value in task.trailers.items()))
+            identity = self._identity(name)
+            new = libgit.merge_disjoint(self.repo, head=head, task=task.commit, base=task.base,
+                                        message=message, name=identity["GIT_AUTHOR_NAME"],
+                                        email=identity["GIT_AUTHOR_EMAIL"])
+            if new is not None:
+                self._move(new, head)
+                return Integration(head=new, previous=head)
             merged = self.git.run("merge-tree", "--write-tree", "--name-only", "--no-messages",
                                   "-z", head, task.commit, ok_codes=(0, 1))
             tree, *rest = merged.stdout.split("\0")
             if merged.returncode == 1:
                 paths = sorted({path for path in rest if path})
                 raise MergeConflict(paths, self._tasks_touching(task.base, head, paths))
-            message = (f"ftl: integrate {name}\n\n"
-                       + "".join(f"{key}: {value}\n" for key, value in task.trailers.items()))
-            new = Git(self.repo, self._identity(name)).out(
+            new = Git(self.repo, identity).out(
                 "commit-tree", tree.strip(), "-p", head, "-p", task.commit, "-F", "-", input=message)
             self._move(new, head)
             return Integration(head=new, previous=head)

@@ -201,3 +201,65 @@ def test_locks_left_by_killed_git_calls_are_released_after_a_crash(repo: Path) -
     assert trees.integrate(commit, name="001-a").fast_forward
     assert trees.prepare("001-a").path == tree.path  # the worktree is usable again
     assert trees.release_stale_locks() == []
+
+
+def _merge_tree_of_git(repo: Path, head: str, task: str) -> str:
+    return git(repo, "merge-tree", "--write-tree", head, task).splitlines()[0]
+
+
+def test_disjoint_changes_merge_in_process_to_gits_tree(repo: Path) -> None:
+    """Adds and edits of different files merge in process (libgit2) to the tree git's own
+    merge gives; edits of one file, deletions and a file against a folder go to git."""
+    from ftl.vcs import libgit
+
+    trees = Worktrees(repo, "c-m")
+    base = trees.ensure_integration()
+    _, _, one = finished_task(trees, "001-one", "a.txt", "a\n", base)
+    two_tree = trees.prepare("002-two", base)
+    (two_tree.path / "sub").mkdir()
+    (two_tree.path / "sub" / "b.txt").write_text("b\n")
+    (two_tree.path / "shared.txt").write_text("one\ntwo\nthree\nfour\n")
+    trees.stage(two_tree)
+    two = trees.commit(two_tree, seq="002", slug="two", attempt=1, spec=SPEC)
+    head = trees.integrate(one, name="001-one").head
+    expected = _merge_tree_of_git(repo, head, two.commit)
+    identity = {"name": "t", "email": "t@t"}
+    merged = libgit.merge_disjoint(repo, head=head, task=two.commit, base=base, message="m\n", **identity)
+    assert merged is not None and git(repo, "rev-parse", f"{merged}^{{tree}}") == expected
+    assert git(repo, "rev-parse", f"{merged}^1", f"{merged}^2").split() == [head, two.commit]
+    result = trees.integrate(two, name="002-two")
+    assert git(repo, "rev-parse", f"{result.head}^{{tree}}") == expected
+    assert git(repo, "log", "-1", "--format=%an <%ae>", result.head) == "ftl 002-two <ftl+c-m@ftl.invalid>"
+
+    # Not disjoint: both edit shared.txt (different lines), one deletes, a file against a folder.
+    _, _, three = finished_task(trees, "003-three", "shared.txt", "zero\none\ntwo\nthree\nfour\n",
+                                result.head)
+    _, _, four = finished_task(trees, "004-four", "shared.txt", "one\ntwo\nthree\nfour\nfive\n",
+                               result.head)
+    head = trees.integrate(three, name="003-three").head
+    assert libgit.merge_disjoint(repo, head=head, task=four.commit, base=result.head,
+                                 message="m\n", **identity) is None
+    merged_by_git = trees.integrate(four, name="004-four")  # git merges the two edits
+    assert git(repo, "show", f"{merged_by_git.head}:shared.txt") == "zero\none\ntwo\nthree\nfour\nfive"
+    gone = trees.prepare("005-gone", merged_by_git.head)
+    (gone.path / "a.txt").unlink()
+    trees.stage(gone)
+    deleting = trees.commit(gone, seq="005", slug="gone", attempt=1, spec=SPEC)
+    _, _, folder = finished_task(trees, "006-folder", "c.txt", "c\n", merged_by_git.head)
+    head = trees.integrate(folder, name="006-folder").head
+    assert libgit.merge_disjoint(repo, head=head, task=deleting.commit, base=merged_by_git.head,
+                                 message="m\n", **identity) is None
+    file_tree = trees.prepare("007-file", head)
+    (file_tree.path / "e").write_text("a file\n")
+    trees.stage(file_tree)
+    as_file = trees.commit(file_tree, seq="007", slug="file", attempt=1, spec=SPEC)
+    dir_tree = trees.prepare("008-dir", head)
+    (dir_tree.path / "e").mkdir()
+    (dir_tree.path / "e" / "x.txt").write_text("in a folder\n")
+    trees.stage(dir_tree)
+    as_dir = trees.commit(dir_tree, seq="008", slug="dir", attempt=1, spec=SPEC)
+    head = trees.integrate(as_file, name="007-file").head
+    assert libgit.merge_disjoint(repo, head=head, task=as_dir.commit, base=as_file.base,
+                                 message="m\n", **identity) is None
+    with pytest.raises(MergeConflict):
+        trees.integrate(as_dir, name="008-dir")
