@@ -24,7 +24,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["status", "stage_all", "commit", "move_ref", "add_worktree", "remove_worktree",
+__all__ = ["load", "status", "stage_all", "commit", "move_ref", "add_worktree", "remove_worktree",
            "is_ancestor", "merge_disjoint"]
 
 pygit2: Any = None  # imported on first use: the light commands never need it
@@ -36,19 +36,25 @@ _UNSUPPORTED = ("core.sparsecheckout", "core.splitindex", "extensions.objectform
                 "extensions.worktreeconfig", "core.fsmonitor")
 
 
-def _open(path: Path) -> Any:
-    """The repository whose work tree holds ``path``, or None when libgit2 should not be used."""
+def load() -> bool:
+    """Import pygit2 now (about 60 ms once per process) rather than inside the first task's
+    git call; False when it is missing (every question then goes to the git CLI)."""
     global pygit2, FileStatus, _MISSING
-    if pygit2 is None:
-        if _MISSING:
-            return None
+    if pygit2 is None and not _MISSING:
         try:
             import pygit2 as module
             from pygit2.enums import FileStatus as flags
-        except ImportError:  # a broken install: every question goes to the git CLI
+        except ImportError:  # a broken install
             _MISSING = True
-            return None
+            return False
         pygit2, FileStatus = module, flags
+    return pygit2 is not None
+
+
+def _open(path: Path) -> Any:
+    """The repository whose work tree holds ``path``, or None when libgit2 should not be used."""
+    if pygit2 is None and not load():
+        return None
     try:
         repo = pygit2.Repository(str(path))
         if repo.is_bare or repo.workdir is None:

@@ -196,6 +196,7 @@ class Worktrees:
         # The integration head as last read or moved here: one driver per repository (the run
         # lock) moves it, so the git call that would read it again is saved.
         self._head: str | None = None
+        libgit.load()  # before the tasks start, not inside the first one's git call
 
     # --- the integration branch ---
     def ensure_integration(self) -> str:
