@@ -838,7 +838,7 @@ class Store:
             self._campaign_row(conn, campaign_id)
             if seqs is None:
                 return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
-            wanted = sorted(set(seqs), key=dag.seq_key)
+            wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
             rows: list[dict] = []
             for start in range(0, len(wanted), _SQL_BATCH):
                 batch = wanted[start:start + _SQL_BATCH]
