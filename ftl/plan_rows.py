@@ -6,11 +6,11 @@ version (``Plan.model_dump_json(by_alias=True)``) and its framework. `PlanRows` 
 
 `plan_rows` builds it two ways:
 
-* the lean path, `lean_plan_rows`: the parsed JSON is checked field by field against the rules of
-  `ftl.models.Plan` / `Task` (the value rules themselves come from `ftl.plan_rules`, shared with
-  the models) and each task is dumped to its spec text at once, so the process never holds
-  10,000 pydantic models and never imports pydantic (about 20 MiB of a 40 MiB budget: issue 11
-  item 4). It accepts only plans whose values already have their canonical JSON types (e.g.
+* the lean path, `lean_plan_rows`: the parsed JSON is checked one field at a time across all
+  tasks against the rules of `ftl.models.Plan` / `Task` (the value rules themselves come from
+  `ftl.plan_rules`, shared with the models) and each task is dumped to its spec text, so the
+  process never holds 10,000 pydantic models and never imports pydantic (about 20 MiB of a
+  40 MiB budget: issue 11 item 4). It accepts only plans whose values already have their canonical JSON types (e.g.
   ``"budget": 5``, not ``"5"`` or ``5.0``), with plain-string idioms and no graph defect;
   for anything else it answers None and decides nothing;
 * otherwise `ftl.validation.parse_plan` (pydantic) judges the plan: it raises the structured
@@ -42,7 +42,7 @@ class TaskRow(NamedTuple):
     """One task as the store writes it (``.seq`` and ``.depends`` as `ftl.store.check_plan_graph`
     reads them)."""
 
-    seq: str  # canonical three-digit seq
+    seq: str  # canonical seq (`plan_rules.normalize_seq`)
     slug: str
     type: str  # TaskType value: SPEC | BUILD | VERIFY
     depends: tuple[str, ...]  # canonical seqs, sorted as integers
@@ -83,6 +83,8 @@ def plan_rows(raw: object, *, source: str = "plan") -> PlanRows:
 
     Raises:
         FtlError(schema_invalid | cycle_detected): exactly as `ftl.validation.parse_plan`.
+        pydantic_core.PydanticSerializationError: a valid plan whose text cannot be written (a
+            string with a lone surrogate), as when the store dumped the `Plan` itself.
     """
     rows = lean_plan_rows(raw)
     if rows is not None:
@@ -233,7 +235,10 @@ def _number(value: Any) -> float:
     declined (pydantic's coercions judge them)."""
     if type(value) is not float and type(value) is not int:
         raise _Declined
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:  # an integer past the float range
+        raise _Declined from None
 
 
 def _timeout_s(value: Any) -> float | None:

@@ -50,13 +50,14 @@ ODD = {
     "type": ["build", None, 1], "delta": [["*.py"], ["/abs"], ["../x"], [""], [3], "a.py"],
     "creates": [["a[1].py"]], "verify": [" ", "", 1, None], "budget": [0, 101, "5", 5.0, True, None, 2**70],
     "depends": ["", None, "1,2", 2.0, {"a": 1}, ["none"], [999], "999", ["001", "001"]],
-    "timeout_s": [0, -1, "3", True, float("inf")], "preflight": [[1], "ls"], "verify_source": [2],
+    "timeout_s": [0, -1, "3", True, float("inf"), 10**400], "preflight": [[1], "ls"], "verify_source": [2],
     "target_lines": [{"a.py": 3}, []], "builder": ["robot"], "isolation": ["cloud"],
-    "resources": [{"num_cpus": 2000}, {"num_cpus": True}, {"gpus": 1}, {"num_cpus": "2"}],
+    "resources": [{"num_cpus": 2000}, {"num_cpus": True}, {"gpus": 1}, {"num_cpus": "2"},
+                  {"num_cpus": 10**400}],
 }
 ODD_HEADER = {
     "objective": ["", 1], "campaign": ["Bad Slug"], "framework": [1],
-    "framework_confidence": [1.5, True, "0.5"], "_schema_version": [1], "schema_version": ["1.0"],
+    "framework_confidence": [1.5, True, "0.5", 10**400], "_schema_version": [1], "schema_version": ["1.0"],
     "idioms": [{"required": [{"text": "no print", "regex": "print"}]}, {"other": []}, "x", {"required": [1]}],
     "tasks": [[], "tasks"],
 }
