@@ -9,10 +9,10 @@ Figures (see bench/README.md for what each one means):
    the ratio column is against the bare start);
 3. evaluation: ``intent_request`` with 10,000 facts through the embedded server in process,
    against clingo alone on the same program and facts (target <= 1.5x); over stdio for reference;
-4. big plans: ``python lib/campaign.py ready-tasks`` / ``cascade-status`` on a 10,000-task plan,
-   wall time and peak RSS (target <= 40 MiB; >= 3x faster than FTL's campaign.py when
-   ``FTL_CAMPAIGN_PY`` names a local checkout of it, run by ``FTL_PYTHON``, an interpreter with
-   FTL's dependency fastsql: FTL is not fetched here);
+4. big plans: ``python lib/campaign.py add-tasks`` / ``ready-tasks`` / ``cascade-status`` on a
+   10,000-task plan, wall time and peak RSS (target <= 40 MiB; >= 3x faster than FTL's
+   campaign.py when ``FTL_CAMPAIGN_PY`` names a local checkout of it, run by ``FTL_PYTHON``, an
+   interpreter with FTL's dependency fastsql, in turns with ftl's: FTL is not fetched here);
 5. per-task overhead of the runner with trivial run/verify commands, over stdio (<= 15 ms) and
    in process (<= 5 ms), against the two commands alone;
 6. scheduler efficiency on the 18-task DAG of sleep tasks (0.3-3 s, jobs 3), against the
@@ -244,25 +244,32 @@ def big_plan(path: Path, tasks: int = 10_000) -> dict[str, Any]:
 
 
 def big_plans(report: Report, tasks: int = 10_000, rounds: int = 3) -> None:
+    """``create``, ``add-tasks`` (the plan on stdin), ``ready-tasks`` and ``cascade-status`` in a
+    fresh repository per round, ftl's script and FTL's (``FTL_CAMPAIGN_PY``) in turns, so a change
+    of load on the machine hits both alike; medians of the wall times, the highest peak RSS."""
     ftl_script = os.environ.get("FTL_CAMPAIGN_PY")
     ftl_python = os.environ.get("FTL_PYTHON", PY)  # FTL's own dependencies (fastsql) live there
+    commands = ("add-tasks", "ready-tasks", "cascade-status")
     with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
         plan_file = Path(tmp) / "plan.json"
         big_plan(plan_file, tasks)
+        plan = plan_file.read_bytes()
         scripts = {"ftl": (PY, LIB_CAMPAIGN), **({"FTL": (ftl_python, ftl_script)} if ftl_script else {})}
-        results: dict[str, dict[str, tuple[float, int]]] = {}
-        for who, (python, script) in scripts.items():
-            repo = Path(tmp) / who
-            repo.mkdir()
-            run_measured([python, script, "create", "big plan benchmark"], cwd=repo)
-            add_s, add_rss, code = run_measured([python, script, "add-tasks"], cwd=repo,
-                                                stdin=plan_file.read_bytes())
-            if code != 0:
-                raise SystemExit(f"{who} add-tasks failed with exit code {code}")
-            results[who] = {"add-tasks": (add_s, add_rss)}
-            for command in ("ready-tasks", "cascade-status"):
-                runs = [run_measured([python, script, command], cwd=repo) for _ in range(rounds)]
-                results[who][command] = (statistics.median(r[0] for r in runs), max(r[1] for r in runs))
+        samples: dict[str, dict[str, list[tuple[float, int]]]] = {
+            who: {command: [] for command in commands} for who in scripts}
+        for round_number in range(rounds):
+            for who, (python, script) in scripts.items():  # FTL's commands and stdin are the same
+                repo = Path(tmp) / f"{who}-{round_number}"
+                repo.mkdir()
+                run_measured([python, script, "create", "big plan benchmark"], cwd=repo)
+                for command in commands:
+                    wall, rss, code = run_measured([python, script, command], cwd=repo,
+                                                   stdin=plan if command == "add-tasks" else None)
+                    if code != 0:
+                        raise SystemExit(f"{who} {command} failed with exit code {code}")
+                    samples[who][command].append((wall, rss))
+    results = {who: {command: (statistics.median(w for w, _ in runs), max(r for _, r in runs))
+                     for command, runs in by_command.items()} for who, by_command in samples.items()}
     for command in ("ready-tasks", "cascade-status", "add-tasks"):
         value, rss = results["ftl"][command]
         if "FTL" in results:

@@ -3,7 +3,8 @@
 Shapes follow FTL's plan.json (FTL planner contract, `shared/reference/ftl-behaviour.md` §5.1),
 tightened where FTL only asked: seqs are numbers (``"1"``, ``"001"`` and ``1`` are one task),
 ``depends`` is always a list after parsing, slugs are kebab-case, delta paths carry no globs.
-This module imports nothing of ftl's.
+The value rules themselves live in `ftl.plan_rules` (pure, no pydantic), shared with the lean
+registration path `ftl.plan_rows`; this module imports nothing else of ftl's.
 """
 
 from __future__ import annotations
@@ -15,41 +16,9 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
                       model_validator)
 
-SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
-GLOB_CHARS = frozenset("*?[")
-
-
-def normalize_seq(value: Any) -> str:
-    """Return the canonical three-digit form of a task seq (``7``, ``"7"``, ``"007"`` -> ``"007"``).
-
-    Raises:
-        ValueError: the value is not a non-negative integer or a string of digits.
-    """
-    if isinstance(value, bool):
-        raise ValueError("seq must be a number like \"001\", not a boolean")
-    if isinstance(value, int):
-        number = value
-    elif isinstance(value, str) and value.strip().isdigit():
-        number = int(value.strip())
-    else:
-        raise ValueError(f"seq must be digits like \"001\", got {value!r}")
-    if number < 0 or number > 999_999:
-        raise ValueError(f"seq must be between 0 and 999999, got {number}")
-    return f"{number:03d}"
-
-
-def normalize_depends(value: Any) -> list[str]:
-    """FTL depends ("none" | seq | [seq, ...]) as a sorted list of canonical seqs.
-
-    Raises:
-        ValueError: an element is not a seq (a comma-joined string like "001,002" is one
-            invalid seq, as in FTL, so it is reported rather than guessed).
-    """
-    if value is None or value == "none" or value == "":
-        return []
-    items = value if isinstance(value, list) else [value]
-    seqs = {normalize_seq(item) for item in items if item not in ("none", "", None)}
-    return sorted(seqs, key=int)
+from ftl import plan_rules
+# Re-exported: callers import the seq rules and patterns from here, as before.
+from ftl.plan_rules import GLOB_CHARS, SLUG_RE, normalize_depends, normalize_seq  # noqa: F401
 
 
 class TaskType(str, enum.Enum):
@@ -208,31 +177,21 @@ class Task(BaseModel):
     @field_validator("slug")
     @classmethod
     def _slug(cls, value: str) -> str:
-        if not SLUG_RE.match(value):
-            raise ValueError(f"slug must be kebab-case (a-z, 0-9, '-'), got {value!r}")
-        return value
+        return plan_rules.check_slug(value)
 
     @field_validator("delta", "creates")
     @classmethod
     def _paths(cls, value: list[str]) -> list[str]:
-        for path in value:
-            if not path or GLOB_CHARS & set(path):
-                raise ValueError(f"paths must be concrete files without globs, got {path!r}")
-            if path.startswith("/") or ".." in path.split("/"):
-                raise ValueError(f"paths must stay inside the repository, got {path!r}")
-        return value
+        return plan_rules.check_paths(value)
 
     @field_validator("verify")
     @classmethod
     def _verify(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("verify must be a non-empty shell command")
-        return value
+        return plan_rules.check_verify(value)
 
     @model_validator(mode="after")
     def _self_dependency(self) -> "Task":
-        if self.seq in self.depends:
-            raise ValueError(f"task {self.seq} depends on itself")
+        plan_rules.check_no_self_dependency(self.seq, self.depends)
         return self
 
     @property
@@ -263,9 +222,7 @@ class Plan(BaseModel):
     @field_validator("campaign")
     @classmethod
     def _campaign(cls, value: str | None) -> str | None:
-        if value is not None and not SLUG_RE.match(value):
-            raise ValueError(f"campaign must be a kebab-case slug, got {value!r}")
-        return value
+        return plan_rules.check_campaign_slug(value)
 
     def task(self, seq: Any) -> Task:
         wanted = normalize_seq(seq)

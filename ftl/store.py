@@ -50,6 +50,7 @@ from ftl.errors import FtlError
 
 if TYPE_CHECKING:  # the models (pydantic) load only where a plan or task is parsed or written
     from ftl.models import Plan, Task, TaskStatus
+    from ftl.plan_rows import PlanRows, TaskRow
 
 
 
@@ -231,12 +232,20 @@ def _loads(text: str | None) -> Any:
         return None
     if text == "[]":  # depends and blocked_by of most tasks
         return []
-    if _LONG_DIGITS.search(text):
+    # A run of 19 digits needs 19 digits: counting them (ten C passes) is several times cheaper
+    # than the regex, which a 10,000-task read would otherwise run on every spec.
+    if len(text) >= 19 and sum(map(text.count, "0123456789")) >= 19 and _LONG_DIGITS.search(text):
         return json.loads(text)
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return json.loads(text)
+
+
+def _seqs_json(seqs: Sequence[str]) -> str:
+    """``_dumps(list(seqs))`` for canonical seqs (digits only: nothing to escape, already sorted),
+    joined rather than encoded (10,000 rows: 15 ms less)."""
+    return '["' + '","'.join(seqs) + '"]' if seqs else "[]"
 
 
 def _seq(value: Any, what: str = "seq") -> str:
@@ -247,8 +256,9 @@ def _seq(value: Any, what: str = "seq") -> str:
         raise _violation(what, str(exc)) from None
 
 
-def check_plan_graph(tasks: Sequence[Task]) -> None:
-    """Reject a task list that is not a DAG over its own seqs.
+def check_plan_graph(tasks: Sequence[Task] | Sequence[TaskRow]) -> None:
+    """Reject a task list (`ftl.models.Task`s or `ftl.plan_rows.TaskRow`s: their ``seq`` and
+    ``depends``) that is not a DAG over its own seqs.
 
     Order of checks (FTL add-tasks/merge, reference §6.3-6.4, plus duplicate seqs which FTL
     accepted, §8.2 item 12): duplicate seqs, then cycles, then dependencies on seqs outside the list.
@@ -259,12 +269,13 @@ def check_plan_graph(tasks: Sequence[Task]) -> None:
         FtlError(cycle_detected): ``details.cycle`` is the path, e.g. ``"001 -> 002 -> 001"``
             (each task depends on the next).
     """
-    duplicates = sorted((seq for seq, n in Counter(t.seq for t in tasks).items() if n > 1), key=int)
-    if duplicates:
+    seqs = [t.seq for t in tasks]
+    graph = dict(zip(seqs, (t.depends for t in tasks)))
+    if len(graph) != len(seqs):
+        duplicates = sorted((seq for seq, n in Counter(seqs).items() if n > 1), key=int)
         raise FtlError("schema_invalid", {"count": len(duplicates), "violations": [
             {"path": f"tasks[seq={seq}].seq", "message": f"seq {seq} is used by more than one task"}
             for seq in duplicates]})
-    graph = {t.seq: list(t.depends) for t in tasks}
     cycle = dag.find_cycle(graph)
     if cycle:
         text = dag.format_cycle(cycle)
@@ -630,19 +641,27 @@ class Store:
     # ------------------------------------------------------------------ plans
 
     def _insert_plan(self, conn: sqlite3.Connection, campaign_id: str, plan: Plan, now: str) -> int:
+        return self._insert_plan_json(conn, campaign_id, plan.model_dump_json(by_alias=True), now)
+
+    @staticmethod
+    def _insert_plan_json(conn: sqlite3.Connection, campaign_id: str, plan_json: str, now: str) -> int:
         last = conn.execute("SELECT MAX(version) FROM plan WHERE campaign_id = ?", (campaign_id,)).fetchone()[0]
         version = (last or 0) + 1
         conn.execute("INSERT INTO plan (campaign_id, version, plan, created_at) VALUES (?, ?, ?, ?)",
-                     (campaign_id, version, plan.model_dump_json(by_alias=True), now))
+                     (campaign_id, version, plan_json, now))
         return version
 
-    def _latest_plan(self, conn: sqlite3.Connection, campaign_id: str) -> Plan | None:
+    @staticmethod
+    def _is_latest_plan(conn: sqlite3.Connection, campaign_id: str, plan_json: str) -> bool:
+        """Whether the campaign's latest plan version equals the plan ``plan_json`` (both are
+        ``Plan.model_dump_json`` texts). Equal text is the common case; otherwise the decoded
+        values are compared, which is `Plan` equality (fields and extras, extras in any order)
+        without loading pydantic or building 10,000 models."""
         row = conn.execute("SELECT plan FROM plan WHERE campaign_id = ? ORDER BY version DESC LIMIT 1",
                            (campaign_id,)).fetchone()
         if row is None:
-            return None
-        from ftl.models import Plan
-        return Plan.model_validate_json(row[0])
+            return False
+        return row[0] == plan_json or _loads(row[0]) == _loads(plan_json)
 
     def save_plan(self, campaign_id: str, plan: Plan) -> int:
         """Save ``plan`` as the campaign's next plan version; return it (1, 2, ...).
@@ -742,12 +761,14 @@ class Store:
             (campaign_id, task.seq, task.slug, task.type.value, _dumps(task.depends, "depends"),
              task.model_dump_json(), now))
 
-    def add_tasks(self, campaign_id: str, plan: Plan) -> list[str]:
+    def add_tasks(self, campaign_id: str, plan: Plan | PlanRows) -> list[str]:
         """Register the plan's tasks as pending rows (REGISTER); return their seqs in seq order.
 
-        The plan is saved as a new version unless it equals the latest saved one, and becomes the
-        campaign's framework if the campaign has none. Unlike FTL add-tasks, which replaced the
-        task list and so reset progress (§8.2 item 12), a second call is refused.
+        ``plan`` is a `ftl.models.Plan` or, for big plans, the `ftl.plan_rows.PlanRows` of
+        `ftl.plan_rows.plan_rows` (a 10,000-task plan then registers in under 40 MiB, issue 11
+        item 4). The plan is saved as a new version unless it equals the latest saved one, and
+        becomes the campaign's framework if the campaign has none. Unlike FTL add-tasks, which
+        replaced the task list and so reset progress (§8.2 item 12), a second call is refused.
 
         Raises:
             FtlError(conflict): the campaign already has tasks, or is not active.
@@ -755,7 +776,10 @@ class Store:
             FtlError(cycle_detected): the dependencies form a cycle (nothing saved).
             FtlError(not_found): unknown campaign.
         """
-        check_plan_graph(plan.tasks)
+        from ftl.plan_rows import PlanRows
+
+        rows = plan if isinstance(plan, PlanRows) else PlanRows.from_plan(plan)
+        check_plan_graph(rows.tasks)
         with self._session(write=True) as conn:
             campaign = self._active_row(conn, campaign_id, "add tasks")
             count = conn.execute("SELECT COUNT(*) FROM task WHERE campaign_id = ?", (campaign_id,)).fetchone()[0]
@@ -763,14 +787,47 @@ class Store:
                 raise FtlError("conflict", {"what": f"Campaign {campaign_id} already has {count} tasks; "
                                                     "change them with a re-plan merge, not add-tasks."})
             now = self._now()
-            if self._latest_plan(conn, campaign_id) != plan:
-                self._insert_plan(conn, campaign_id, plan, now)
-            if campaign["framework"] is None and plan.framework is not None:
+            if not self._is_latest_plan(conn, campaign_id, rows.plan_json):
+                self._insert_plan_json(conn, campaign_id, rows.plan_json, now)
+            if campaign["framework"] is None and rows.framework is not None:
                 conn.execute("UPDATE campaign SET framework = ?, updated_at = ? WHERE campaign_id = ?",
-                             (plan.framework, now, campaign_id))
-            for task in plan.tasks:
-                self._insert_task(conn, campaign_id, task, now)
-        return sorted((t.seq for t in plan.tasks), key=int)
+                             (rows.framework, now, campaign_id))
+            # One statement for every row, fed by a generator (no second list of 10,000 tuples).
+            # The rows' status is the literal 'pending' and attempts takes its default 0, so the
+            # table's CHECKs hold by construction; SQLite would still evaluate `status IN (...)`
+            # per row, half of this insert's time (10,000 rows: 18 of 38 ms).
+            conn.execute("PRAGMA ignore_check_constraints = ON")
+            try:
+                conn.executemany(
+                    "INSERT INTO task (campaign_id, seq, slug, type, depends, status, spec, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
+                    ((campaign_id, t.seq, t.slug, t.type, _seqs_json(t.depends), t.spec, now)
+                     for t in rows.tasks))
+            finally:
+                conn.execute("PRAGMA ignore_check_constraints = OFF")
+        return sorted((t.seq for t in rows.tasks), key=int)
+
+    def latest_plan_fields(self, campaign_id: str, names: Sequence[str]) -> dict[str, Any]:
+        """Top-level fields of the campaign's latest plan version, read by SQLite's JSON
+        functions without decoding the plan (a 10,000-task plan is megabytes of JSON).
+
+        Args:
+            names: top-level field names of the stored plan (its ``by_alias`` JSON keys) whose
+                values are scalars (an object or array would come back as JSON text).
+
+        Returns:
+            ``{name: value}`` for every name (None when the field is null or absent); {} when
+            the campaign has no plan.
+
+        Raises: FtlError(not_found) for an unknown campaign.
+        """
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            row = conn.execute(
+                f"SELECT {', '.join('json_extract(plan, ?)' for _ in names)} FROM plan "
+                "WHERE campaign_id = ? ORDER BY version DESC LIMIT 1",
+                (*(f'$."{name}"' for name in names), campaign_id)).fetchone()
+        return {} if row is None else dict(zip(names, row))
 
     def tasks(self, campaign_id: str, seqs: Sequence[str] | None = None) -> list[dict]:
         """Task dicts of the campaign in seq order: ``{seq, slug, type, depends, status,
@@ -781,7 +838,7 @@ class Store:
             self._campaign_row(conn, campaign_id)
             if seqs is None:
                 return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
-            wanted = sorted(set(seqs), key=dag.seq_key)
+            wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
             rows: list[dict] = []
             for start in range(0, len(wanted), _SQL_BATCH):
                 batch = wanted[start:start + _SQL_BATCH]

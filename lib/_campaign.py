@@ -68,7 +68,7 @@ def status(env: Env, campaign_id: str | None) -> Reply:
         "summary": entry["summary"] or {}})
 
 
-@command(cli, "add-tasks")
+@command(cli, "add-tasks", light=True, bulk=True)
 def add_tasks(env: Env) -> Reply:
     """Register the plan JSON on stdin as the active campaign's tasks (REGISTER).
 
@@ -77,18 +77,22 @@ def add_tasks(env: Env) -> Reply:
     plan_version}. A campaign that already has tasks is refused (FTL replaced the task list
     and reset progress, §8.2 item 12); change tasks with merge-revised-plan.
     """
-    from ftl.validation import parse_plan
+    from ftl.plan_rows import plan_rows
 
-    raw = plan_input(read_stdin_json("plan on standard input"))
+    source = "plan on standard input"
+    raw = plan_input(read_stdin_json(source))
     campaign = env.active()
     cid = campaign["campaign_id"]
     if isinstance(raw, dict) and env.store.plan_versions(cid):
         # FTL's REGISTER pipes `plan.py read` here, whose record drops the plan's campaign slug and
         # framework confidence: take them from the saved plan so the same plan is not saved twice.
-        saved = env.store.get_plan(cid).model_dump(mode="json", by_alias=True)
-        raw = {**{k: saved[k] for k in ("campaign", "framework_confidence") if k not in raw}, **raw}
-    plan = parse_plan(raw, source="plan on standard input")
-    seqs = env.store.add_tasks(cid, plan)
+        saved = env.store.latest_plan_fields(cid, ("campaign", "framework_confidence"))
+        raw = {**{k: v for k, v in saved.items() if k not in raw}, **raw}
+    # Lean validation into store rows, pydantic only for plans it declines (the same errors); the
+    # parsed JSON is dropped before the rows are written (a 10,000-task plan: issue 11 item 4).
+    rows = plan_rows(raw, source=source)
+    del raw
+    seqs = env.store.add_tasks(cid, rows)
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
                   "plan_version": env.store.plan_versions(cid)[-1]},
                  ftl={"status": "tasks_added"}, ftl_indent=None)
@@ -163,7 +167,7 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
                  ftl=echo, ftl_indent=None)
 
 
-@command(cli, "next-task", light=True)
+@command(cli, "next-task", light=True, bulk=True)
 def next_task(env: Env) -> Reply:
     """The first READY task: pending with every dependency complete, lowest seq.
 
@@ -182,7 +186,7 @@ def next_task(env: Env) -> Reply:
     return Reply(by_seq[ready[0]] if ready else {}, ftl=ftl_task(by_seq[ready[0]]) if ready else None)
 
 
-@command(cli, "ready-tasks", light=True)
+@command(cli, "ready-tasks", light=True, bulk=True)
 def ready_tasks(env: Env) -> Reply:
     """Every ready task (pending, every dependency complete), in seq order (FTL §6.5).
 
@@ -197,10 +201,10 @@ def ready_tasks(env: Env) -> Reply:
     # decodes a few specs, not all of them.
     ready = dag.ready_set(*env.store.task_graph(campaign["campaign_id"]))
     chosen = env.store.tasks(campaign["campaign_id"], seqs=ready)
-    return Reply(wrap(chosen), ftl=[ftl_task(r) for r in chosen])
+    return Reply(wrap(chosen), ftl=lambda: [ftl_task(r) for r in chosen])
 
 
-@command(cli, "cascade-status", light=True)
+@command(cli, "cascade-status", light=True, bulk=True)
 def cascade_status(env: Env) -> Reply:
     """Progress of the active campaign's DAG (FTL cascade-status §6.5, defects §8.2-10 fixed).
 
