@@ -404,8 +404,11 @@ def lib_loader():
 
     yield load
     sys.path[:] = saved_path
+    # Every lib module goes, _campaign & co. too: one left behind keeps the old _common's
+    # classes, which a later test's fresh _common would not catch (FtlRefusal).
     for name in set(sys.modules) - saved_modules:
-        if name.startswith("ftl_lib_") or name == "_common":
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if name.startswith("ftl_lib_") or Path(file).parent == LIB:
             del sys.modules[name]
     logging.raiseExceptions = raise_exceptions
 
