@@ -428,16 +428,19 @@ class Session:
             else:
                 self._given[request_id] = event
 
-    def _cancel_flag(self, request_id: str) -> threading.Event:
+    def claim_cancel_flag(self, request_id: str) -> threading.Event:
         """The cancel flag for a new invocation: the caller's (`give_cancel`), else a new one."""
         with self._lock:
             return self._given.pop(request_id, None) or threading.Event()
 
-    def _register(self, request_id: str, event: threading.Event) -> None:
+    def track_running(self, request_id: str, event: threading.Event) -> None:
+        """Record ``event`` as the cancel flag of the running request ``request_id`` (so
+        `cancel` and `cancel_all` reach it) until `untrack_running`."""
         with self._lock:
             self._running[request_id] = event
 
-    def _unregister(self, request_id: str) -> None:
+    def untrack_running(self, request_id: str) -> None:
+        """Forget request ``request_id`` once it finished (no-op when it is not tracked)."""
         with self._lock:
             self._running.pop(request_id, None)
 
@@ -1048,7 +1051,7 @@ class ManglecpServer:
         hidden = self._hidden_tools()
         cancel = threading.Event()
         if request_id:
-            session._register(request_id, cancel)
+            session.track_running(request_id, cancel)
         started = self.clock.monotonic()
         try:
             result = self.evaluator.evaluate(EvaluationInput(
@@ -1062,7 +1065,7 @@ class ManglecpServer:
                 rule_coverage=coverage))
         finally:
             if request_id:
-                session._unregister(request_id)
+                session.untrack_running(request_id)
         if cancel.is_set():
             raise ProtocolError("cancelled", "The evaluation was cancelled.")
         duration_ms = int((self.clock.monotonic() - started) * 1000)
@@ -1253,7 +1256,7 @@ class ManglecpServer:
                  principal: Principal, session: Session,
                  sink: Callable[[dict[str, Any]], None], bound: BoundContext,
                  gate_decision: dict[str, Any] | None = None) -> dict[str, Any]:
-        cancel = session._cancel_flag(request_id)
+        cancel = session.claim_cancel_flag(request_id)
         correlation_id = uuid.uuid4().hex[:12]
         sink_lock = threading.Lock()
         finished = threading.Event()
@@ -1273,7 +1276,7 @@ class ManglecpServer:
                 payload["percent"] = max(0.0, min(100.0, float(percent)))
             send(payload)
 
-        session._register(request_id, cancel)
+        session.track_running(request_id, cancel)
         send({"status": "started"})
         started = self.clock.monotonic()
         watch = None  # periodic "still running" for long invocations (spec 07 §7)
@@ -1299,7 +1302,7 @@ class ManglecpServer:
                                 f"{tool.name} failed unexpectedly (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id}) from None
         finally:
-            session._unregister(request_id)
+            session.untrack_running(request_id)
             if watch is not None:
                 self._ticker.unwatch(watch)
             with sink_lock:  # a progress message already on its way is dropped from here on
