@@ -15,8 +15,10 @@ _HOME = {
     **dict.fromkeys(("PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Fact", "IntentResponse", "InvokeResponse",
                      "MacroTool", "Manifest", "ProtocolError", "apply_state_delta", "fact", "make_error",
                      "parse_message", "to_ftl_error"), "messages"),
-    **dict.fromkeys(("BearerAuth", "BoundContext", "InvocationOutcome", "ManglecpServer", "Principal",
-                     "ServerInfo", "ServerLimits", "Session", "Skill", "ToolDefinition"), "server"),
+    **dict.fromkeys(("BearerAuth", "Principal", "Session"), "access"),
+    **dict.fromkeys(("BoundContext", "InvocationOutcome", "ServerInfo", "ServerLimits", "Skill",
+                     "ToolDefinition"), "definitions"),
+    "ManglecpServer": "server",
     **dict.fromkeys(("HttpTransport", "InProcessTransport", "StdioTransport", "Transport"), "transport"),
 }
 

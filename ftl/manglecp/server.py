@@ -1,14 +1,21 @@
-"""Transport-independent MangleCP server framework: validation, limits, auth, rendering, invocation.
+"""The MangleCP server: one message in, the messages to send back out (transport-independent).
 
 A `ManglecpServer` takes one message (bytes, text or dict) and returns the messages to send back.
 It runs the layer-1 checks (MangleCP spec 08 §2.1) in the order size -> envelope -> version ->
 type -> auth -> status -> rate limit -> payload -> facts, hands valid intents to an `Evaluator`
 (the selection engine, e.g. clingo rules), renders the selected macro-tools with disclosure levels,
 skills, context resources and validity windows (spec 05 §5, spec 06), caches them with the
-evaluation they are bound to, and runs invocations with expiry, schema validation, an optional
-gate, confirmation tokens, periodic progress and cancellation, answering with the result, a
-state delta and suggested next intents (spec 07). Transports (stdio, HTTP, in-process) only move
-bytes; they all call `ManglecpServer.handle`.
+evaluation they are bound to (reference §5.5), and runs invocations with expiry, schema
+validation, an optional gate, confirmation tokens, periodic progress and cancellation, answering
+with the result, a state delta and suggested next intents (spec 07). It advertises its manifest
+and status (spec 04 §3, §3.2). Transports (stdio, HTTP, in-process) only move bytes; they all call
+`ManglecpServer.handle`; `http_error_status` maps a final message to its HTTP status (spec 09).
+
+The parts it is built from live beside it: `ftl.manglecp.definitions` (tool definitions, limits,
+manifest content, the evaluator interface, clocks), `ftl.manglecp.access` (principals, bearer
+auth, sessions, rate limit, confirmation tokens) and `ftl.manglecp.render` (macro ids, disclosure
+levels, token estimate). The names in ``__all__`` that come from those modules are re-exported for
+code written before the split; ftl's own code imports each name from its home.
 
 Gate hook: an optional duck-typed ``gate`` object with ``visible(tool_name) -> bool`` (tools it
 hides are absent: never selected, ``macro_not_found`` on invoke) and ``check(call)`` (called on
@@ -19,627 +26,49 @@ gate kind, rendered from that kind's registry row). When ``check`` returns an ob
 
 from __future__ import annotations
 
-import base64
 import copy
-import hashlib
-import hmac
-import json
 import logging
-import math
 import os
 import threading
-import time
 import uuid
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Mapping
 
 from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
-from ftl.manglecp.progress import ProgressTicker
+from ftl.manglecp.access import ANONYMOUS, BearerAuth, ConfirmationTokens, Principal, Session, TokenBucket
+from ftl.manglecp.definitions import (
+    BoundContext, Clock, EvaluationInput, EvaluationResult, Evaluator, InvocationContext,
+    InvocationOutcome, Selection, ServerInfo, ServerLimits, Skill, SystemClock, ToolDefinition,
+    canonical_json)
 from ftl.manglecp.messages import (
-    CLIENT_TYPES, INT53_MAX, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
+    CLIENT_TYPES, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
     FactsProfile, IntentRequest, InvokeRequest, Manifest, NormalFact, PredicateSchema, ProtocolError,
     Authenticate, envelope, facts_error, format_time, http_status, make_error, parse_message,
     parse_payload, parse_time, to_ftl_error, validate_facts)
+from ftl.manglecp.progress import ProgressTicker
+from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
+
+# The server's own names, then the names re-exported from the modules split out of this one.
+__all__ = [
+    "ManglecpServer", "STATUSES", "http_error_status",
+    "ANONYMOUS", "BearerAuth", "ConfirmationTokens", "Principal", "Session", "TokenBucket",
+    "BoundContext", "Clock", "EvaluationInput", "EvaluationResult", "Evaluator", "InvocationContext",
+    "InvocationOutcome", "Selection", "ServerInfo", "ServerLimits", "Skill", "SystemClock",
+    "ToolDefinition", "canonical_json",
+    "LEVELS", "RenderChoice", "estimate_tokens", "macro_id_for", "render_tool", "wire_fact",
+]
 
 log = logging.getLogger("ftl.manglecp.server")
 
 STATUSES = ("ready", "booting", "degraded", "draining")
-LEVELS = ("full", "condensed", "minimal")
 
 
 # ---------------------------------------------------------------------------------------------
-# What a server is made of
-
-
-@dataclass(frozen=True)
-class InvocationContext:
-    """What a tool implementation gets from the framework for one invocation.
-
-    Attributes:
-        cancel: set when the client cancels (session transports) or the server shuts down.
-        progress: ``progress({"message": str, "percent": float | None})``; becomes a ``progress``
-            message on session transports, dropped on HTTP.
-        correlation_id: id of this invocation in the server-side log.
-        identity: the caller's identity (``"anonymous"`` without auth).
-    """
-
-    cancel: threading.Event
-    progress: Callable[[dict[str, Any]], None]
-    correlation_id: str
-    identity: str = "anonymous"
-
-
-@dataclass(frozen=True)
-class BoundContext:
-    """The evaluation a macro-tool was returned by: what its invocation is bound to (reference
-    §5.5, §11 item 23).
-
-    Attributes:
-        intent, params: the evaluated intent.
-        facts: the validated client facts of that evaluation (``disclosure_upgrade`` left out).
-    """
-
-    intent: str
-    params: Mapping[str, Any] = field(default_factory=dict)
-    facts: tuple[NormalFact, ...] = ()
-
-    def args_of(self, pred: str) -> list[tuple[Any, ...]]:
-        """The argument tuples of every bound fact called ``pred``, in order."""
-        return [f.args for f in self.facts if f.pred == pred]
-
-    def digest(self) -> str:
-        """A deterministic digest of the binding (sorted facts + params); part of the macro id.
-
-        sha256 over the canonical JSON of the params, then each fact's `NormalFact.key` in
-        sorted order, one per line (a key is a repr, so it holds no raw newline).
-        """
-        # tuple.__repr__ is NormalFact.key() at C speed; no JSON around 10,000 keys (issue 11).
-        keys = sorted(map(tuple.__repr__, self.facts))
-        digest = hashlib.sha256(canonical_json(dict(self.params)).encode("utf-8"))
-        digest.update("\n".join(["", *keys]).encode("utf-8"))
-        return digest.hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class InvocationOutcome:
-    """What a successful invocation implies beyond its result (spec 07 §3-4).
-
-    Attributes:
-        asserts: facts ``{"pred", "args", "t"?, "source"?, "category"?}`` for
-            ``state_delta.assert``; the server adds ``category: "session"`` and a ``server``
-            source when they are missing, and drops (and logs) facts its profile does not declare.
-        retracts: patterns ``{"pred", "args"}`` (``None`` = wildcard) for ``state_delta.retract``.
-        suggested_intents: ``{"name", "description", "params"?}`` for ``next.suggested_intents``.
-        continuation_facts: facts to send with a suggested intent (``next.continuation_facts``).
-        events: extra ``observability.events`` (``{"action", "status", "duration_ms"?, "detail"?}``).
-        summary: 1-3 sentences for ``observability.summary`` (default: "<tool> completed in N ms.").
-    """
-
-    asserts: tuple[Mapping[str, Any], ...] = ()
-    retracts: tuple[Mapping[str, Any], ...] = ()
-    suggested_intents: tuple[Mapping[str, Any], ...] = ()
-    continuation_facts: tuple[Mapping[str, Any], ...] = ()
-    events: tuple[Mapping[str, Any], ...] = ()
-    summary: str | None = None
-
-
-@dataclass(frozen=True)
-class Skill:
-    """A skill (spec 06 §5): guidance a client needs to use a macro-tool well.
-
-    Attributes:
-        skill_id: id the selection rules use (``needs_skill(Tool, SkillId)``).
-        name, description: REQUIRED by spec 06; the description goes with a referenced skill.
-        content: the full text (sent when the skill goes out inline).
-        content_type: media type of ``content``.
-        inline: send the content inline (small skills); otherwise only the reference. Under a
-            tight token budget inline skills become references first.
-    """
-
-    skill_id: str
-    name: str
-    description: str
-    content: str
-    content_type: str = "text/markdown"
-    inline: bool = True
-
-
-@dataclass(frozen=True)
-class ToolDefinition:
-    """A macro-tool the server can select and run.
-
-    Attributes:
-        name: macro-tool name (``^[a-z][a-z0-9_]*$``), also its id in the selection rules.
-        version: part of the deterministic ``macro_id``.
-        description: full description (``full`` disclosure).
-        summary: one line (``condensed`` disclosure).
-        input_schema: JSON Schema (2020-12) of the invocation ``args``.
-        invoke: ``invoke(args, ctx) -> dict``; ``args`` already passed ``input_schema``.
-            Raise `FtlError` for a domain failure.
-        side_effects: spec 06 §3 vocabulary; ``("none",)`` for a pure tool.
-        requires_confirmation: invocations need a server-issued confirmation token.
-        reversible, idempotent: safety flags (spec 06 §2).
-        output_schema: when set, results are checked against it.
-        instructions: optional short ``context_injection.instructions``.
-        validity_s: validity window of a returned macro-tool, s (None: the server default
-            ``ServerLimits.macro_validity_s``).
-        outcome: ``outcome(args, result, bound: BoundContext) -> InvocationOutcome``: the state
-            delta and next steps of a successful invocation (None: none).
-    """
-
-    name: str
-    version: str
-    description: str
-    summary: str
-    input_schema: Mapping[str, Any]
-    invoke: Callable[[dict[str, Any], InvocationContext], Mapping[str, Any]]
-    side_effects: tuple[str, ...] = ("none",)
-    requires_confirmation: bool = False
-    reversible: bool = False
-    idempotent: bool = False
-    output_schema: Mapping[str, Any] | None = None
-    instructions: str | None = None
-    validity_s: float | None = None
-    outcome: Callable[[dict[str, Any], dict[str, Any], BoundContext], InvocationOutcome] | None = None
-
-
-@dataclass(frozen=True)
-class Selection:
-    """One tool chosen by the evaluator.
-
-    Attributes:
-        tool: a catalog name.
-        score: relevance 0-100 (drives adaptive disclosure and ordering).
-        phase: ``skeleton``, ``flesh`` or ``dependency`` (``metadata.selection_phase``).
-        rules: predicate-level rule chain, leaves first (proof hints; names only).
-        skills: ids of the skills the rules proved necessary for it.
-        resources: ``(uri, priority 0-100)`` context resources the rules derived for it.
-        supporting: the client facts its derivation rests on (proof hints).
-    """
-
-    tool: str
-    score: int
-    phase: str
-    rules: tuple[str, ...] = ()
-    skills: tuple[str, ...] = ()
-    resources: tuple[tuple[str, int], ...] = ()
-    supporting: tuple[NormalFact, ...] = ()
-
-
-@dataclass(frozen=True)
-class EvaluationInput:
-    """One evaluation: validated facts and the effective limits (min of client and server).
-
-    Attributes:
-        intent, params: the requested intent.
-        facts: validated client facts (positional form).
-        eval_time_ms: evaluation time, epoch ms (``now``).
-        max_facts_created: gas, derived facts.
-        max_compute_ms: wall-clock limit, ms (None: unlimited).
-        max_intervals_per_atom: interval limit (None: unlimited).
-        cancel: set to abandon the evaluation (session cancel).
-        hidden_tools: tools a gate hides; the rules treat them as absent.
-        explain: compute derivations (``Selection.rules``/``supporting``) and unmatched facts.
-        rule_coverage: compute ``EvaluationResult.rule_coverage``.
-    """
-
-    intent: str
-    params: Mapping[str, Any]
-    facts: tuple[NormalFact, ...]
-    eval_time_ms: int
-    max_facts_created: int
-    max_compute_ms: int | None = None
-    max_intervals_per_atom: int | None = None
-    cancel: threading.Event | None = None
-    hidden_tools: tuple[str, ...] = ()
-    explain: bool = False
-    rule_coverage: bool = False
-
-
-@dataclass(frozen=True)
-class EvaluationResult:
-    """The evaluator's answer.
-
-    Attributes:
-        selections: chosen tools (any order; the server sorts).
-        excluded: ``(tool, phase, reason)`` for proof hints.
-        facts_evaluated: facts in the store at the start (server + session).
-        facts_derived: facts derived by this evaluation.
-        phases_completed: pipeline phases run.
-        unmatched: client facts no rule used (when explained).
-        rules_fired: rule activations (when explained), else None.
-        rule_coverage: spec 09 §6 object (when asked), else None.
-    """
-
-    selections: tuple[Selection, ...]
-    excluded: tuple[tuple[str, str, str], ...] = ()
-    facts_evaluated: int = 0
-    facts_derived: int = 0
-    phases_completed: int = 6
-    unmatched: tuple[NormalFact, ...] = ()
-    rules_fired: int | None = None
-    rule_coverage: Mapping[str, Any] | None = None
-
-
-class Evaluator(Protocol):
-    """Selection engine behind the server (spec 05 §3).
-
-    ``evaluate`` raises `ProtocolError` with ``derivation_limit_exceeded``,
-    ``evaluation_timeout``, ``interval_limit_exceeded``, ``evaluation_failed`` or ``cancelled``.
-    """
-
-    def evaluate(self, request: EvaluationInput) -> EvaluationResult: ...
-
-    def close(self) -> None: ...
-
-
-@dataclass(frozen=True)
-class ServerInfo:
-    """Manifest content that describes the server (spec 04 §3)."""
-
-    server_name: str
-    server_version: str
-    domain_id: str
-    domain_description: str
-    intents: tuple[Mapping[str, Any], ...] = ()
-    predicates: tuple[PredicateSchema, ...] = ()
-    categories: tuple[str, ...] = ()
-    conformance_level: int = 1
-    temporal: bool = False
-    endpoints: Mapping[str, str] = field(default_factory=lambda: {
-        "intent_eval": "/manglecp/evaluate", "macro_invoke": "/manglecp/invoke"})
-    time_formats: tuple[str, ...] = ("rfc3339", "epoch_ms")
-    extensions: Mapping[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class ServerLimits:
-    """Every limit and tunable of the server, with its unit in the name.
-
-    Advertised in ``manifest.limits``: max_message_bytes (>= 16 MiB), max_facts_per_request,
-    max_derived_facts, max_compute_ms, max_intervals_per_atom. The rest are server-side:
-    rate limiting (token bucket per identity; ``rate_per_s=None`` disables it); the macro cache:
-    ``macro_validity_s`` (the ``validity`` window of returned tools, None: no window), how long
-    an entry is kept past its window (or past issue without a window) before eviction
-    (``macro_ttl_s``; an invoke then gets ``macro_not_found``, inside it ``macro_expired``) and
-    its size; adaptive disclosure thresholds (spec 05 §5.2 defaults 70/40/20); confirmation
-    token lifetime; the retry hint for ``server_not_ready``; the period of ``running`` progress
-    messages during an invocation (None: none); the caps on state-delta asserts and
-    observability events (spec 07 §5.3); and whether rule coverage may be requested (dev mode).
-    """
-
-    max_message_bytes: int = MIN_MESSAGE_BYTES
-    max_facts_per_request: int = 10_000
-    max_derived_facts: int = 100_000
-    max_compute_ms: int | None = 30_000
-    max_intervals_per_atom: int | None = None
-    rate_per_s: float | None = None
-    rate_burst: int = 20
-    macro_validity_s: float | None = 900.0
-    macro_ttl_s: float = 3600.0
-    macro_cache_size: int = 4096
-    full_threshold: int = 70
-    condensed_threshold: int = 40
-    minimal_threshold: int = 20
-    confirmation_ttl_s: float = 300.0
-    not_ready_retry_after_ms: int = 1000
-    progress_interval_s: float | None = 5.0
-    max_delta_facts: int = 50
-    max_observability_events: int = 20
-    rule_coverage: bool = False
-
-
-class Clock(Protocol):
-    def time(self) -> float: ...       # wall clock, s since the epoch
-
-    def monotonic(self) -> float: ...  # durations, s
-
-
-class SystemClock:
-    """The real clocks: `time.time` (wall) and `time.monotonic` (durations)."""
-
-    def time(self) -> float:
-        return time.time()
-
-    def monotonic(self) -> float:
-        return time.monotonic()
-
-
-# ---------------------------------------------------------------------------------------------
-# Auth and sessions (spec 08 §3)
-
-
-@dataclass(frozen=True)
-class Principal:
-    """An authenticated caller.
-
-    Attributes:
-        identity: stable name (scopes the macro cache and the rate limit).
-        permissions: intent names it may use; ``"*"`` means all.
-        trust_level: ``"automated"`` allows confirmation bypass for ``auto_confirm_effects``.
-        auto_confirm_effects: side effects confirmed without a token (only when automated).
-    """
-
-    identity: str
-    permissions: frozenset[str] = frozenset({"*"})
-    trust_level: str | None = None
-    auto_confirm_effects: frozenset[str] = frozenset()
-
-    def permits(self, intent: str) -> bool:
-        return "*" in self.permissions or intent in self.permissions
-
-    def auto_confirms(self, side_effects: Iterable[str]) -> bool:
-        return self.trust_level == "automated" and set(side_effects) <= self.auto_confirm_effects
-
-
-ANONYMOUS = Principal("anonymous")
-
-
-class BearerAuth:
-    """Bearer-token authentication (spec 08 §3.2): token -> `Principal`.
-
-    Tokens are compared with `hmac.compare_digest`; they are never logged or echoed.
-    """
-
-    schemes = ("bearer",)
-
-    def __init__(self, tokens: Mapping[str, Principal]) -> None:
-        self._tokens = [(token.encode("utf-8"), principal) for token, principal in tokens.items()]
-
-    def verify(self, token: str) -> Principal | None:
-        """The principal for ``token``, or None when no configured token matches."""
-        given = token.encode("utf-8")
-        found = None
-        for known, principal in self._tokens:  # no early exit: same work for every token
-            if hmac.compare_digest(given, known):
-                found = principal
-        return found
-
-
-class Session:
-    """One client connection (stdio, WebSocket, in-process) or one HTTP request.
-
-    Attributes:
-        key: scope of the macro cache; defaults to the principal's identity.
-        credentials: bearer token from an HTTP ``Authorization`` header (None on sessions,
-            which authenticate with an ``authenticate`` message).
-        principal: set by ``authenticate`` on session transports.
-    """
-
-    def __init__(self, key: str | None = None, credentials: str | None = None) -> None:
-        self.key = key
-        self.credentials = credentials
-        self.principal: Principal | None = None
-        self._running: dict[str, threading.Event] = {}
-        self._given: dict[str, threading.Event] = {}  # the caller's own cancel events (in process)
-        self._lock = threading.Lock()
-
-    def give_cancel(self, request_id: str, event: threading.Event | None) -> None:
-        """In process only: ``event`` (the caller's) is the cancel flag of request
-        ``request_id``'s invocation, so a cancel needs no message and no relay thread. None
-        forgets it (after the request). `cancel_all` never sets a caller's event."""
-        with self._lock:
-            if event is None:
-                self._given.pop(request_id, None)
-            else:
-                self._given[request_id] = event
-
-    def _cancel_flag(self, request_id: str) -> threading.Event:
-        """The cancel flag for a new invocation: the caller's (`give_cancel`), else a new one."""
-        with self._lock:
-            return self._given.pop(request_id, None) or threading.Event()
-
-    def _register(self, request_id: str, event: threading.Event) -> None:
-        with self._lock:
-            self._running[request_id] = event
-
-    def _unregister(self, request_id: str) -> None:
-        with self._lock:
-            self._running.pop(request_id, None)
-
-    def cancel(self, request_id: str) -> bool:
-        """Signal the running request ``request_id``; False when it is not running."""
-        with self._lock:
-            event = self._running.get(request_id)
-        if event is None:
-            return False
-        event.set()
-        return True
-
-    def cancel_all(self) -> None:
-        """Signal every running request (transport closed, e.g. stdin EOF)."""
-        with self._lock:
-            given = {id(event) for event in self._given.values()}
-            events = [event for event in self._running.values() if id(event) not in given]
-        for event in events:
-            event.set()
-
-    @property
-    def running(self) -> int:
-        with self._lock:
-            return len(self._running)
-
-
-class TokenBucket:
-    """Rate limiter: ``rate_per_s`` tokens per second, at most ``burst`` stored.
-
-    `take` returns None when a token was available, else the wait in ms until one is.
-    """
-
-    def __init__(self, rate_per_s: float, burst: int, now: float) -> None:
-        self.rate, self.burst = rate_per_s, burst
-        self.tokens, self.stamp = float(burst), now
-
-    def take(self, now: float) -> int | None:
-        self.tokens = min(self.burst, self.tokens + max(0.0, now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= 1.0:
-            self.tokens -= 1.0
-            return None
-        return max(1, math.ceil((1.0 - self.tokens) / self.rate * 1000))
-
-
-class ConfirmationTokens:
-    """Server-issued confirmation tokens (reference §7.3 / §11 item 24).
-
-    A token is ``base64url(json{m, i, a, t, n}) + "." + hex(hmac_sha256(secret, body))``: bound to
-    the macro id (m), the identity (i) and a digest of the exact args (a), issued at t (ms),
-    single use (nonce n), valid ``ttl_s``.
-    """
-
-    def __init__(self, secret: bytes, ttl_s: float, clock: Clock) -> None:
-        self._secret, self._ttl_s, self._clock = secret, ttl_s, clock
-        self._used: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def _digest(args: Mapping[str, Any]) -> str:
-        return hashlib.sha256(canonical_json(args).encode("utf-8")).hexdigest()[:32]
-
-    def issue(self, macro_id: str, identity: str, args: Mapping[str, Any]) -> str:
-        body = canonical_json({"m": macro_id, "i": identity, "a": self._digest(args),
-                               "t": int(self._clock.time() * 1000), "n": uuid.uuid4().hex})
-        encoded = base64.urlsafe_b64encode(body.encode("utf-8")).decode("ascii").rstrip("=")
-        return encoded + "." + hmac.new(self._secret, encoded.encode("ascii"), "sha256").hexdigest()
-
-    def redeem(self, token: str, macro_id: str, identity: str, args: Mapping[str, Any]) -> str | None:
-        """Consume ``token``; return None when valid, else the reason it is not."""
-        encoded, _, mac = token.partition(".")
-        expected = hmac.new(self._secret, encoded.encode("ascii", "replace"), "sha256").hexdigest()
-        if not mac or not hmac.compare_digest(mac.encode("ascii", "replace"), expected.encode("ascii")):
-            return "the token was not issued by this server"
-        try:
-            body = json.loads(base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)))
-        except ValueError:
-            return "the token is unreadable"
-        if body.get("m") != macro_id or body.get("i") != identity:
-            return "the token was issued for another macro-tool or caller"
-        if body.get("a") != self._digest(args):
-            return "the token was issued for different args"
-        now = self._clock.time()
-        if now * 1000 - body.get("t", 0) > self._ttl_s * 1000:
-            return "the token has expired"
-        with self._lock:
-            for nonce, until in list(self._used.items()):
-                if until < now:
-                    del self._used[nonce]
-            if body.get("n") in self._used:
-                return "the token was already used"
-            self._used[body.get("n")] = now + self._ttl_s
-        return None
-
-
-def canonical_json(value: Any) -> str:
-    """Sorted-key compact JSON, the input of every hash (determinism, reference §10.4)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def macro_id_for(tool: ToolDefinition, intent: str, binding: str = "") -> str:
-    """Deterministic macro id: ``"m-" + sha256(canonical [name, version, intent, binding])[:16]``.
-
-    ``binding`` is `BoundContext.digest` (sorted facts and params), so two evaluations with
-    different facts never share an id, while the same tool, version, intent and facts give the
-    same id in every process (no salted `hash()`; reference §10.4, §11 item 23).
-    """
-    digest = hashlib.sha256(canonical_json([tool.name, tool.version, intent, binding]).encode("utf-8"))
-    return "m-" + digest.hexdigest()[:16]
-
-
-def estimate_tokens(rendered: Mapping[str, Any]) -> int:
-    """Token estimate of a rendered tool: ceil(canonical JSON length / 4) (reference §11 item 14)."""
-    return math.ceil(len(canonical_json(rendered)) / 4)
-
-
-@dataclass
-class RenderChoice:
-    """How one selected tool is rendered; the token-budget fitter edits these.
-
-    Attributes:
-        selection, tool, macro_id: what is rendered.
-        level: ``full`` | ``condensed`` | ``minimal``.
-        inline_skills: inline skills go out with their content (else as references).
-        resources: the context resources still sent, highest priority first.
-        validity: the ``validity`` object (full level only), or None.
-    """
-
-    selection: Selection
-    tool: ToolDefinition
-    macro_id: str
-    level: str
-    inline_skills: bool = True
-    resources: tuple[tuple[str, int], ...] = ()
-    validity: Mapping[str, Any] | None = None
-
-
-def render_tool(choice: RenderChoice, skills: Mapping[str, Skill] | None = None) -> dict[str, Any]:
-    """A MacroTool dict (spec 06 §4 field whitelist: minimal never carries a description or
-    metadata; only full carries schemas, safety, context injection and validity).
-
-    Skills: inline ones as ``{"skill_id", "inline": true, "content"}``, referenced ones as
-    ``{"skill_id", "inline": false, "description"}``; ids missing from ``skills`` are skipped.
-    """
-    tool, selection, level = choice.tool, choice.selection, choice.level
-    out: dict[str, Any] = {"macro_id": choice.macro_id, "name": tool.name, "disclosure_level": level}
-    if level == "minimal":
-        return out
-    metadata = {"selection_phase": selection.phase, "score": selection.score}
-    if level == "condensed":
-        out["description"] = tool.summary.splitlines()[0] if tool.summary else tool.name
-        out["metadata"] = metadata
-        return out
-    out["description"] = tool.description
-    out["input_schema"] = dict(tool.input_schema)
-    if tool.output_schema is not None:
-        out["output_schema"] = dict(tool.output_schema)
-    out["safety"] = {"requires_user_confirmation": tool.requires_confirmation,
-                     "side_effects": list(tool.side_effects) or ["none"],
-                     "reversible": tool.reversible, "idempotent": tool.idempotent}
-    injection: dict[str, Any] = {}
-    if tool.instructions:
-        injection["instructions"] = tool.instructions
-    refs = []
-    for skill_id in selection.skills:
-        skill = (skills or {}).get(skill_id)
-        if skill is None:
-            continue
-        if skill.inline and choice.inline_skills:
-            refs.append({"skill_id": skill.skill_id, "inline": True, "content": skill.content})
-        else:
-            refs.append({"skill_id": skill.skill_id, "inline": False, "description": skill.description})
-    if refs:
-        injection["skills"] = refs
-    if choice.resources:
-        injection["context_resources"] = [{"uri": uri, "priority": priority}
-                                          for uri, priority in choice.resources]
-    if injection:
-        out["context_injection"] = injection
-    if choice.validity:
-        out["validity"] = dict(choice.validity)
-    out["metadata"] = metadata
-    return out
-
-
-def wire_fact(fact: NormalFact) -> dict[str, Any]:
-    """A validated fact back in wire form (ints beyond 2^53 as ``int64`` wrappers, spec 03 §3.2)."""
-    def value(v: Any) -> Any:
-        if isinstance(v, bool) or not isinstance(v, (int, list, dict)):
-            return v
-        if isinstance(v, int):
-            return v if abs(v) <= INT53_MAX else {"_type": "int64", "value": str(v)}
-        if isinstance(v, list):
-            return [value(x) for x in v]
-        return {k: value(x) for k, x in v.items()}
-
-    out: dict[str, Any] = {"pred": fact.pred, "args": [value(a) for a in fact.args]}
-    if fact.t is not None:
-        start, end = (format_time(p) if isinstance(p, int) else p for p in fact.t)
-        point = fact.t[0] == fact.t[1] and fact.t[0] != "_"
-        out["t"] = {"at": start} if point else {"start": start, "end": end}
-    return out
+# The macro cache (reference §5.5)
 
 
 @dataclass
@@ -1048,7 +477,7 @@ class ManglecpServer:
         hidden = self._hidden_tools()
         cancel = threading.Event()
         if request_id:
-            session._register(request_id, cancel)
+            session.track_running(request_id, cancel)
         started = self.clock.monotonic()
         try:
             result = self.evaluator.evaluate(EvaluationInput(
@@ -1062,7 +491,7 @@ class ManglecpServer:
                 rule_coverage=coverage))
         finally:
             if request_id:
-                session._unregister(request_id)
+                session.untrack_running(request_id)
         if cancel.is_set():
             raise ProtocolError("cancelled", "The evaluation was cancelled.")
         duration_ms = int((self.clock.monotonic() - started) * 1000)
@@ -1253,7 +682,7 @@ class ManglecpServer:
                  principal: Principal, session: Session,
                  sink: Callable[[dict[str, Any]], None], bound: BoundContext,
                  gate_decision: dict[str, Any] | None = None) -> dict[str, Any]:
-        cancel = session._cancel_flag(request_id)
+        cancel = session.claim_cancel_flag(request_id)
         correlation_id = uuid.uuid4().hex[:12]
         sink_lock = threading.Lock()
         finished = threading.Event()
@@ -1273,7 +702,7 @@ class ManglecpServer:
                 payload["percent"] = max(0.0, min(100.0, float(percent)))
             send(payload)
 
-        session._register(request_id, cancel)
+        session.track_running(request_id, cancel)
         send({"status": "started"})
         started = self.clock.monotonic()
         watch = None  # periodic "still running" for long invocations (spec 07 §7)
@@ -1299,7 +728,7 @@ class ManglecpServer:
                                 f"{tool.name} failed unexpectedly (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id}) from None
         finally:
-            session._unregister(request_id)
+            session.untrack_running(request_id)
             if watch is not None:
                 self._ticker.unwatch(watch)
             with sink_lock:  # a progress message already on its way is dropped from here on

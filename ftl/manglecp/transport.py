@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from ftl.errors import FtlError
 from ftl.executors.processes import parent_death_setup
 from ftl.manglecp.messages import PROTOCOL_VERSION, encode, envelope, make_error, to_ftl_error
-from ftl.manglecp.server import ManglecpServer, Session
+from ftl.manglecp.access import Session
+from ftl.manglecp.server import ManglecpServer
 
 if TYPE_CHECKING:  # httpx (and the rich/pygments it pulls in) loads only for HttpTransport
     import httpx

@@ -20,9 +20,11 @@ from typing import Any
 
 from ftl.config import Config
 from ftl.errors import FtlError
+from ftl.manglecp.access import BearerAuth
 from ftl.manglecp.client import ManglecpClient
+from ftl.manglecp.definitions import Clock, ServerInfo, ServerLimits
 from ftl.manglecp.messages import PredicateSchema
-from ftl.manglecp.server import BearerAuth, Clock, ManglecpServer, ServerInfo, ServerLimits
+from ftl.manglecp.server import ManglecpServer
 from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
 from ftl.server.catalog import (
     DELTA_PREDICATES, SKILLS, TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities)

@@ -37,7 +37,7 @@ from pydantic import BaseModel, ValidationError
 from ftl.config import Config
 from ftl.errors import FtlError
 from ftl.manglecp.messages import PredicateSchema, fact
-from ftl.manglecp.server import BoundContext, InvocationContext, InvocationOutcome, Skill, ToolDefinition
+from ftl.manglecp.definitions import BoundContext, InvocationContext, InvocationOutcome, Skill, ToolDefinition
 
 log = logging.getLogger("ftl.server.catalog")
 

@@ -45,7 +45,7 @@ import clingo.ast
 from clingo.ast import ASTType, Sign
 
 from ftl.manglecp.messages import ProtocolError
-from ftl.manglecp.server import EvaluationInput, EvaluationResult, Selection
+from ftl.manglecp.definitions import EvaluationInput, EvaluationResult, Selection
 
 log = logging.getLogger("ftl.server.evaluator")
 
@@ -734,7 +734,7 @@ class _Worker:
 
 
 class ClingoEvaluator:
-    """The embedded server's `Evaluator` (see `ftl.manglecp.server.Evaluator`).
+    """The embedded server's `Evaluator` (see `ftl.manglecp.definitions.Evaluator`).
 
     Args:
         domain_rules: domain rule files (e.g. ``rules/ftl_domain.lp``), loaded after the phases.

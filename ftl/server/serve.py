@@ -36,8 +36,9 @@ import click
 
 from ftl.errors import FtlError
 from ftl.manglecp.messages import ProtocolError, encode, make_error, parse_message
-from ftl.manglecp.server import (
-    BearerAuth, ManglecpServer, Principal, ServerLimits, Session, http_error_status)
+from ftl.manglecp.access import BearerAuth, Principal, Session
+from ftl.manglecp.definitions import ServerLimits
+from ftl.manglecp.server import ManglecpServer, http_error_status
 
 log = logging.getLogger("ftl.server.serve")
 

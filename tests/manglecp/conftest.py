@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ftl.manglecp.server import BearerAuth, ManglecpServer, Principal
+from ftl.manglecp.access import BearerAuth, Principal
+from ftl.manglecp.server import ManglecpServer
 
 from .helpers import FakeClock, make_evaluator, make_server
 

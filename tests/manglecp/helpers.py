@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ftl.errors import FtlError
+from ftl.manglecp.access import BearerAuth
+from ftl.manglecp.definitions import (
+    BoundContext, InvocationContext, InvocationOutcome, ServerInfo, ServerLimits, Skill, ToolDefinition)
 from ftl.manglecp.messages import PredicateSchema, envelope
-from ftl.manglecp.server import (
-    BearerAuth, BoundContext, InvocationContext, InvocationOutcome, ManglecpServer, ServerInfo, ServerLimits,
-    Skill, ToolDefinition)
+from ftl.manglecp.server import ManglecpServer
 from ftl.server.evaluator import ClingoEvaluator
 
 FIXTURE_RULES = (Path(__file__).with_name("rules") / "fixture.lp",)

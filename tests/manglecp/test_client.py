@@ -10,8 +10,8 @@ import pytest
 
 from ftl.errors import FtlError
 from ftl.manglecp.client import ManglecpClient
+from ftl.manglecp.definitions import ServerLimits
 from ftl.manglecp.messages import envelope, fact, make_error
-from ftl.manglecp.server import ServerLimits
 from ftl.manglecp.transport import InProcessTransport, Transport
 
 from .helpers import FakeClock, make_server

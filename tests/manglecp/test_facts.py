@@ -7,8 +7,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ftl.manglecp.definitions import ServerLimits
 from ftl.manglecp.messages import INT53_MAX, FactsProfile, encode, validate_facts
-from ftl.manglecp.server import ServerLimits
 
 from .helpers import FIXTURE_PREDICATES, final, intent, make_server
 

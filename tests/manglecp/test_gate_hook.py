@@ -11,8 +11,8 @@ import pytest
 
 from ftl.config import Config
 from ftl.errors import REGISTRY, FtlError
+from ftl.manglecp.access import Session
 from ftl.manglecp.messages import fact
-from ftl.manglecp.server import Session
 
 from .helpers import final, intent, invoke, make_server, tools_by_name
 

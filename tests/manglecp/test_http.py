@@ -49,7 +49,7 @@ def open_server():
 
 @pytest.fixture(scope="module")
 def locked_server():
-    from ftl.manglecp.server import BearerAuth, Principal
+    from ftl.manglecp.access import BearerAuth, Principal
     auth = BearerAuth({"good-token": Principal("alice"),
                        "narrow-token": Principal("bob", permissions=frozenset({"levels"}))})
     with _Running(create_app(make_server(auth=auth), cors_origins=("*", "https://ui.example"))) as running:

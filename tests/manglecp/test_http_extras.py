@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from ftl.errors import FtlError
+from ftl.manglecp.access import BearerAuth, Principal
 from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.messages import encode, envelope
-from ftl.manglecp.server import BearerAuth, Principal
 from ftl.manglecp.transport import WELL_KNOWN_PATH, HttpTransport
 from ftl.server.serve import create_app
 

@@ -9,7 +9,9 @@ import re
 import threading
 
 from ftl.manglecp.messages import PRED_RE, envelope
-from ftl.manglecp.server import ServerLimits, Session, estimate_tokens
+from ftl.manglecp.access import Session
+from ftl.manglecp.definitions import ServerLimits
+from ftl.manglecp.render import estimate_tokens
 
 from .helpers import final, intent, invoke, make_server, tools_by_name
 

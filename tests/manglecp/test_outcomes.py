@@ -9,8 +9,8 @@ from hypothesis import given, settings, strategies as st
 
 from ftl.config import Config
 from ftl.manglecp.client import ManglecpClient
-from ftl.manglecp.messages import apply_state_delta, fact, matches_pattern, validate_facts
-from ftl.manglecp.server import BoundContext, NormalFact
+from ftl.manglecp.definitions import BoundContext
+from ftl.manglecp.messages import NormalFact, apply_state_delta, fact, matches_pattern, validate_facts
 from ftl.manglecp.transport import InProcessTransport
 from ftl.server.app import build_server
 from ftl.server.catalog import (

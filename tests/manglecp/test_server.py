@@ -11,7 +11,9 @@ import pytest
 
 from ftl.errors import MANGLECP_CODES
 from ftl.manglecp.messages import MIN_MESSAGE_BYTES, PROTOCOL_VERSION, Manifest, envelope
-from ftl.manglecp.server import ServerLimits, Session, estimate_tokens
+from ftl.manglecp.access import Session
+from ftl.manglecp.definitions import ServerLimits
+from ftl.manglecp.render import estimate_tokens
 
 from .helpers import final, intent, invoke, make_server, tools_by_name
 

@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: the fixt
 
 from manglecp.helpers import make_evaluator, make_server  # noqa: E402
 
-from ftl.manglecp.server import BearerAuth, Principal, ServerLimits, SystemClock  # noqa: E402
+from ftl.manglecp.access import BearerAuth, Principal  # noqa: E402
+from ftl.manglecp.definitions import ServerLimits, SystemClock  # noqa: E402
 
 TOKENS = {
     "good-token": Principal("alice"),

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 import pytest
 
 from ftl.manglecp.messages import PRED_RE, FactsProfile, envelope, fact, validate_facts
-from ftl.manglecp.server import estimate_tokens
+from ftl.manglecp.render import estimate_tokens
 
 from .conftest import Reply, expect_error, tools
 from .test_level1 import intent, invoke, macro
