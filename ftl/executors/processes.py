@@ -56,9 +56,12 @@ def parent_death_setup(parent_pid: int) -> Callable[[], None]:
 
 def _stat(pid: int) -> tuple[int, int] | None:
     """(process group, start time in clock ticks) of a live, non-zombie ``pid``, or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read()
+    try:  # os.open/os.read: a third of open()'s cost; this runs for every recorded command
+        fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            raw = os.read(fd, 4096)
+        finally:
+            os.close(fd)
     except OSError:
         return None
     fields = raw[raw.rfind(b")") + 2:].split()  # after "(comm)": state ppid pgrp ...

@@ -232,6 +232,9 @@ def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path
     finally:
         proc._window = real
     assert result.ok
-    assert windows and windows[0] is not None  # /proc/stat and ns_last_pid were readable here
-    assert windows[0](int((tmp_path / "bg.pid").read_text()))
-    assert wait_dead(int((tmp_path / "bg.pid").read_text()))  # found in the window and stopped
+    window, span = windows[0]
+    assert window is not None  # /proc/stat and ns_last_pid were readable here
+    background = int((tmp_path / "bg.pid").read_text())
+    assert window(background)
+    assert span is not None and background in span  # a few pids: read one by one, no listdir
+    assert wait_dead(background)  # found in the window and stopped

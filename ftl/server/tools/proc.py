@@ -32,7 +32,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
 from ftl.executors.processes import forget, parent_death_setup, record
@@ -183,16 +183,30 @@ def pid_window(pgid: int, before: tuple[int, int], forks_now: int, last_pid: int
     return lambda pid: pid >= pgid or pid <= last_pid
 
 
-def _window(pgid: int, before: tuple[int, int] | None) -> Callable[[int], bool] | None:
+_SPAN_PROBE = 256  # up to this many pids in the window are read one by one, without a listdir
+_pid_max: list[int] = []  # /proc/sys/kernel/pid_max, read once
+
+
+def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], bool] | None, range | None]:
+    """`pid_window` for ``pgid`` now, and the window as a short range of pids when it is one
+    (no wrap, at most `_SPAN_PROBE` pids: the usual case, a few pids since the leader)."""
     if before is None:
-        return None
+        return None, None
     now = pid_counters()
-    last, limit = _read_proc("/proc/sys/kernel/ns_last_pid"), _read_proc("/proc/sys/kernel/pid_max")
+    last = _read_proc("/proc/sys/kernel/ns_last_pid")
+    if not _pid_max:
+        limit = _read_proc("/proc/sys/kernel/pid_max")
+        if limit is not None and limit.strip().isdigit():
+            _pid_max.append(int(limit))
     try:
-        assert now is not None and last is not None and limit is not None
-        return pid_window(pgid, before, now[0], int(last), int(limit))
+        assert now is not None and last is not None and _pid_max
+        last_pid = int(last)
+        window = pid_window(pgid, before, now[0], last_pid, _pid_max[0])
     except (AssertionError, ValueError):
-        return None
+        return None, None
+    span = (range(pgid, last_pid + 1) if window is not None and pgid <= last_pid < pgid + _SPAN_PROBE
+            else None)
+    return window, span
 
 
 def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int] | None:
@@ -202,11 +216,14 @@ def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int
     allocated since are read (`pid_window`), not every process of the machine (a /proc/<pid>/stat
     read each, about 7 ms per command on a machine with 150 processes; issue 11 item 3).
     """
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return None
-    window = _window(pgid, before)
+    window, span = _window(pgid, before)
+    if span is not None:  # a few pids since the leader: read just those
+        entries: Iterable[str] = map(str, span)
+    else:
+        try:
+            entries = os.listdir("/proc")
+        except OSError:
+            return None
     members = []
     for entry in entries:
         if not entry.isdigit() or (window is not None and not window(int(entry))):
