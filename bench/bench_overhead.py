@@ -83,15 +83,20 @@ def execute_span_s(events: list[dict[str, Any]]) -> float:
     return max(ends) - min(starts)
 
 
-def command_baseline_ms(repeat: int = 20) -> float:
-    """Median cost (ms) of the two trivial commands of a task, run on their own."""
+def command_samples_ms(repeat: int = 20) -> list[float]:
+    """Costs (ms) of the two trivial commands of a task, run on their own, ``repeat`` times."""
     samples = []
     for _ in range(repeat):
         started = time.perf_counter()
         subprocess.run(["sh", "-c", "true"], check=True)
         subprocess.run(["sh", "-c", "true"], check=True)
         samples.append((time.perf_counter() - started) * 1000)
-    return statistics.median(samples)
+    return samples
+
+
+def command_baseline_ms(repeat: int = 20) -> float:
+    """Median cost (ms) of the two trivial commands of a task, run on their own."""
+    return statistics.median(command_samples_ms(repeat))
 
 
 def git_work_baseline_ms(repeat: int = 20) -> float:
@@ -123,9 +128,10 @@ def overhead(tasks: int, in_process: bool, isolation: str = "auto") -> dict[str,
     (`git_work_baseline_ms`), measured in the same run."""
     plan = {"objective": "overhead benchmark",
             "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
+    before = command_samples_ms()  # before and after the campaign: a load change hits both
     events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
     durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
-    commands = command_baseline_ms()
+    commands = statistics.median(before + command_samples_ms())
     git_work = git_work_baseline_ms() if isolation != "shared" else 0.0
     baseline = commands + git_work
     span_ms = execute_span_s(events) * 1000 / tasks

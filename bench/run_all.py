@@ -284,7 +284,7 @@ def big_plans(report: Report, tasks: int = 10_000, rounds: int = 3) -> None:
                    rss <= 40 * MIB)
 
 
-def overhead(report: Report, tasks: int = 20) -> None:
+def overhead(report: Report, tasks: int = 40) -> None:
     import bench_overhead
 
     for in_process, target in ((False, 15.0), (True, 5.0)):
