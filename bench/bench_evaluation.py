@@ -34,7 +34,8 @@ from typing import Any, Callable
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftl.config import Config  # noqa: E402
-from ftl.manglecp.messages import envelope, validate_facts  # noqa: E402
+from ftl.manglecp.facts import validate_facts  # noqa: E402
+from ftl.manglecp.messages import envelope  # noqa: E402
 from ftl.manglecp.transport import StdioTransport  # noqa: E402
 from ftl.server.app import build_server  # noqa: E402
 from ftl.server.evaluator import _Program, fact_symbol  # noqa: E402

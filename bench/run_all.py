@@ -184,7 +184,7 @@ def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> N
     from bench_evaluation import EVAL_TIME_MS, INTENT, check, make_facts, percentile, request
 
     from ftl.config import Config
-    from ftl.manglecp.messages import validate_facts
+    from ftl.manglecp.facts import validate_facts
     from ftl.manglecp.transport import StdioTransport
     from ftl.server.app import _server_env, build_server
     from ftl.server.evaluator import _Program, fact_symbol

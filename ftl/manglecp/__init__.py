@@ -13,8 +13,9 @@ from typing import Any
 _HOME = {
     "ManglecpClient": "client",
     **dict.fromkeys(("PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "Fact", "IntentResponse", "InvokeResponse",
-                     "MacroTool", "Manifest", "ProtocolError", "apply_state_delta", "fact", "make_error",
-                     "parse_message", "to_ftl_error"), "messages"),
+                     "MacroTool", "Manifest", "ProtocolError", "fact", "make_error", "parse_message",
+                     "to_ftl_error"), "messages"),
+    "apply_state_delta": "facts",
     **dict.fromkeys(("BearerAuth", "Principal", "Session"), "access"),
     **dict.fromkeys(("BoundContext", "InvocationOutcome", "ServerInfo", "ServerLimits", "Skill",
                      "ToolDefinition"), "definitions"),

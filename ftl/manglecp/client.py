@@ -20,9 +20,9 @@ from typing import Any, Callable, Mapping, Sequence
 from pydantic import BaseModel, ValidationError
 
 from ftl.errors import FtlError
+from ftl.manglecp.facts import validate_facts
 from ftl.manglecp.messages import (
-    Constraints, Fact, IntentResponse, InvokeResponse, Manifest, Progress, envelope, to_ftl_error,
-    validate_facts)
+    Constraints, Fact, IntentResponse, InvokeResponse, Manifest, Progress, envelope, to_ftl_error)
 from ftl.manglecp.transport import Transport
 
 RETRYABLE_CODES = frozenset({"rate_limited", "server_not_ready"})

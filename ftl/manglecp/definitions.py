@@ -22,7 +22,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
-from ftl.manglecp.messages import MIN_MESSAGE_BYTES, NormalFact, PredicateSchema
+from ftl.manglecp.facts import NormalFact
+from ftl.manglecp.messages import MIN_MESSAGE_BYTES, PredicateSchema
 
 
 def canonical_json(value: Any) -> str:

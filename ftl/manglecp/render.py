@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ftl.manglecp.definitions import Selection, Skill, ToolDefinition, canonical_json
-from ftl.manglecp.messages import INT53_MAX, NormalFact, format_time
+from ftl.manglecp.facts import INT53_MAX, NormalFact, format_time
 
 LEVELS = ("full", "condensed", "minimal")
 

@@ -44,11 +44,11 @@ from ftl.manglecp.definitions import (
     BoundContext, Clock, EvaluationInput, EvaluationResult, Evaluator, InvocationContext,
     InvocationOutcome, Selection, ServerInfo, ServerLimits, Skill, SystemClock, ToolDefinition,
     canonical_json)
+from ftl.manglecp.facts import NormalFact, facts_error, format_time, parse_time, validate_facts
 from ftl.manglecp.messages import (
     CLIENT_TYPES, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
-    FactsProfile, IntentRequest, InvokeRequest, Manifest, NormalFact, PredicateSchema, ProtocolError,
-    Authenticate, envelope, facts_error, format_time, http_status, make_error, parse_message,
-    parse_payload, parse_time, to_ftl_error, validate_facts)
+    FactsProfile, IntentRequest, InvokeRequest, Manifest, PredicateSchema, ProtocolError,
+    Authenticate, envelope, http_status, make_error, parse_message, parse_payload, to_ftl_error)
 from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
 

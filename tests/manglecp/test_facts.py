@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftl.manglecp.definitions import ServerLimits
-from ftl.manglecp.messages import INT53_MAX, FactsProfile, encode, validate_facts
+from ftl.manglecp.facts import INT53_MAX, validate_facts
+from ftl.manglecp.messages import FactsProfile, encode
 
 from .helpers import FIXTURE_PREDICATES, final, intent, make_server
 
@@ -135,15 +136,15 @@ _FACT = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(facts=st.lists(_FACT, max_size=8).map(lambda fs: fs + fs[:2]))  # with duplicates
 def test_fast_path_validates_like_the_full_checks(facts):
-    import ftl.manglecp.messages as messages
+    import ftl.manglecp.facts as facts_module
 
     fast = validate_facts(facts, PROFILE)
-    saved = messages._fast_shapes_of
-    messages._fast_shapes_of = lambda profile, declared, reserved_ok: {}
+    saved = facts_module._fast_shapes_of
+    facts_module._fast_shapes_of = lambda profile, declared, reserved_ok: {}
     try:
         full = validate_facts(facts, PROFILE)
     finally:
-        messages._fast_shapes_of = saved
+        facts_module._fast_shapes_of = saved
     assert fast == full
     assert [f.key() for f in fast[0]] == [f.key() for f in full[0]]
 
@@ -162,21 +163,21 @@ _NEAR_VALID = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(facts=st.lists(_NEAR_VALID, max_size=10).map(lambda fs: fs + fs[:3]))  # with duplicates
 def test_batch_validation_agrees_with_the_per_fact_checks(facts):
-    import ftl.manglecp.messages as messages
+    import ftl.manglecp.facts as facts_module
 
     batch = validate_facts(facts, PROFILE)
-    saved = messages._validate_batch
-    messages._validate_batch = lambda facts, fast: None
+    saved = facts_module._validate_batch
+    facts_module._validate_batch = lambda facts, fast: None
     try:
         single = validate_facts(facts, PROFILE)
     finally:
-        messages._validate_batch = saved
+        facts_module._validate_batch = saved
     assert batch == single
     assert [f.key() for f in batch[0]] == [f.key() for f in single[0]]
 
 
 def test_a_batch_of_plain_facts_is_validated_as_a_whole():
-    from ftl.manglecp.messages import _fast_shapes_of, _validate_batch
+    from ftl.manglecp.facts import _fast_shapes_of, _validate_batch
 
     declared = {p.predicate: p for p in PROFILE.predicates}
     fast = _fast_shapes_of(PROFILE, declared, False)

@@ -9,9 +9,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftl.errors import MANGLECP_CODES, REGISTRY
+from ftl.manglecp.facts import format_time, parse_time
 from ftl.manglecp.messages import (
-    MESSAGE_TYPES, PROTOCOL_VERSION, Fact, ProtocolError, dumps, envelope, format_time, make_error,
-    parse_message, parse_payload, parse_time, to_ftl_error)
+    MESSAGE_TYPES, PROTOCOL_VERSION, Fact, ProtocolError, dumps, envelope, make_error, parse_message,
+    parse_payload, to_ftl_error)
 
 from .helpers import final, intent, make_server, tools_by_name
 

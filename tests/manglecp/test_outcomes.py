@@ -10,7 +10,8 @@ from hypothesis import given, settings, strategies as st
 from ftl.config import Config
 from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.definitions import BoundContext
-from ftl.manglecp.messages import NormalFact, apply_state_delta, fact, matches_pattern, validate_facts
+from ftl.manglecp.facts import NormalFact, apply_state_delta, matches_pattern, validate_facts
+from ftl.manglecp.messages import fact
 from ftl.manglecp.transport import InProcessTransport
 from ftl.server.app import build_server
 from ftl.server.catalog import (

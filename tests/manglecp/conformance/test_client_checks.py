@@ -13,7 +13,8 @@ import pytest
 
 from ftl.errors import FtlError
 from ftl.manglecp.client import ManglecpClient
-from ftl.manglecp.messages import apply_state_delta, fact
+from ftl.manglecp.facts import apply_state_delta
+from ftl.manglecp.messages import fact
 from ftl.manglecp.transport import HttpTransport, StdioTransport
 
 from .conftest import SERVER

@@ -13,7 +13,8 @@ from datetime import datetime, timezone
 
 import pytest
 
-from ftl.manglecp.messages import PRED_RE, FactsProfile, envelope, fact, validate_facts
+from ftl.manglecp.facts import validate_facts
+from ftl.manglecp.messages import PRED_RE, FactsProfile, envelope, fact
 from ftl.manglecp.render import estimate_tokens
 
 from .conftest import Reply, expect_error, tools
