@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ftl.store import Store
+from module_probe import run_script
 
 # Libraries a light command must never load (each costs 20-400 ms at start), and ftl's heavy rooms.
 HEAVY = ("pydantic", "pydantic_core", "clingo", "mcp", "starlette", "uvicorn", "cedarpy", "rich",
@@ -100,29 +101,12 @@ def test_indexing_the_command_table_loads_a_lazy_command():
         group.commands["unknown"]
 
 
-_LIB_PROBE = """
-import json, runpy, sys
-report, sys.argv = sys.argv[1], sys.argv[2:]
-code = 0
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit as stop:
-    code = stop.code
-with open(report, "w") as out:
-    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
-"""
-
-
 @pytest.mark.parametrize("command", ["status", "ready-tasks", "cascade-status", "next-task"])
 def test_light_lib_campaign_commands_import_neither_heavy_modules_nor_logging(repo: Path, command: str):
     # lib/campaign.py's read-only commands: no pydantic, clingo, ... and no logging either (it is
     # set up only when a command needs it or fails; lib/_common.py `command(light=True)`)
-    report = repo / "lib-modules.json"
     script = Path(__file__).resolve().parent.parent / "lib" / "campaign.py"
-    done = subprocess.run([sys.executable, "-c", _LIB_PROBE, str(report), str(script), command],
-                          cwd=repo, capture_output=True, text=True, timeout=60)
-    assert report.exists(), done.stderr[-2000:]
-    data = json.loads(report.read_text())
+    _, data = run_script(script, command, cwd=repo)
     assert data["code"] == 0
     assert "_campaign" in data["modules"]
     assert _heavy(set(data["modules"])) == [] and "logging" not in data["modules"]

@@ -25,6 +25,7 @@ from ftl.plan_rows import PLAN_FIELDS, TASK_FIELDS, PlanRows, lean_plan_rows, pl
 from ftl.store import Store
 from ftl.surfaces.envelope import failure
 from ftl.validation import parse_plan
+from module_probe import run_script
 
 SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -249,26 +250,13 @@ def test_a_bad_plan_is_refused_before_anything_is_written(tmp_path: Path) -> Non
 
 # --------------------------------------------------------------------------- the command
 
-_PROBE = """
-import json, runpy, sys
-report, sys.argv = sys.argv[1], sys.argv[2:]
-code = 0
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit as stop:
-    code = stop.code
-with open(report, "w") as out:
-    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
-"""
 SCRIPT = Path(__file__).resolve().parent.parent / "lib" / "campaign.py"
 
 
 def _add_tasks(repo: Path, plan: object) -> tuple[dict, list[str]]:
     subprocess.run([sys.executable, str(SCRIPT), "create", "lean"], cwd=repo, check=True, capture_output=True)
-    report = repo / "modules.json"
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(report), str(SCRIPT), "add-tasks"], cwd=repo,
-                          input=json.dumps(plan), capture_output=True, text=True, timeout=60)
-    return json.loads(done.stdout), json.loads(report.read_text())["modules"]
+    done, report = run_script(SCRIPT, "add-tasks", cwd=repo, stdin=json.dumps(plan))
+    return json.loads(done.stdout), report["modules"]
 
 
 def test_add_tasks_registers_a_usual_plan_without_loading_pydantic(tmp_path: Path) -> None:
