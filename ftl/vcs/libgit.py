@@ -14,9 +14,10 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
   git-lfs and the like, whose clean step libgit2 would skip), a sparse checkout, a split index,
   an object format other than SHA-1;
 * a case where libgit2's answer differs from git's (each found by tests/vcs/test_libgit.py
-  against the CLI): an intent-to-add entry in status, a changed ``.gitattributes`` in status
-  and staging, a symlink turned file in staging, a commit message git would clean, a base tree
-  with ``.gitattributes`` for a new worktree;
+  against the CLI): ``core.ignorecase``; an intent-to-add entry in status; a changed
+  ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
+  a symlink turned file in staging; a commit message git would clean; a base tree with
+  ``.gitattributes`` for a new worktree;
 * any libgit2 error on the way (nothing is written before the last step succeeds).
 
 Nothing here runs hooks or signs, like `ftl.vcs.git`'s ``GIT_OPTIONS``.
@@ -35,8 +36,10 @@ FileStatus: Any = None
 _MISSING = False
 
 # Configuration that libgit2 does not honour the way git does (see the module docstring).
+# core.ignorecase: on a case-sensitive file system git takes ``file.txt`` for the tracked
+# ``File.txt`` and leaves it alone, libgit2 stages its content as ``File.txt``.
 _UNSUPPORTED = ("core.sparsecheckout", "core.splitindex", "extensions.objectformat",
-                "extensions.worktreeconfig", "core.fsmonitor")
+                "extensions.worktreeconfig", "core.fsmonitor", "core.ignorecase")
 # The empty blob: what an intent-to-add index entry (`git add -N`) records.
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
@@ -110,10 +113,18 @@ def status(path: Path) -> dict[str, str] | None:
             if (flags & FileStatus.INDEX_NEW and flags & (FileStatus.WT_MODIFIED | FileStatus.WT_DELETED)
                     and str(repo.index[name].id) == _EMPTY_BLOB):
                 return None  # maybe `git add -N`: git says " A"/" D", libgit2 "AM"/"AD"
+            if flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED) and _reencoded(repo, name):
+                return None
             changes[name[len(prefix):]] = _porcelain(flags)
     except (pygit2.GitError, OSError, ValueError, KeyError):
         return None
     return changes
+
+
+def _reencoded(repo: Any, name: str) -> bool:
+    """Whether git converts ``name`` from a ``working-tree-encoding`` (e.g. UTF-16) on the way
+    in, which libgit2 does not do: it would hash the raw bytes. About 20 us a path."""
+    return repo.get_attr(name, "working-tree-encoding") not in (None, False)
 
 
 def _is_attributes(name: str) -> bool:
@@ -143,6 +154,8 @@ def stage_all(path: Path, base: str) -> list[str] | None:
             if flags & FileStatus.WT_DELETED:
                 index.remove(name)
             elif flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_TYPECHANGE):
+                if _reencoded(repo, name):
+                    return None
                 found = Path(repo.workdir) / name
                 if not found.is_symlink() and found.is_dir():  # an embedded repository: git's call
                     return None
