@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pygit2
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 from pygit2.enums import ConfigLevel
 
@@ -60,11 +60,13 @@ def hermetic_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
 # --------------------------------------------------------------------------- git CLI helpers
 
 def git(cwd: Path, *args: str, input: str | None = None, check: bool = True) -> str:
+    """git's stdout, decoded without newline translation (a CR stays a CR)."""
     done = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t.invalid", *args],
-                          cwd=cwd, input=input, capture_output=True, encoding="utf-8", check=False)
+                          cwd=cwd, input=None if input is None else input.encode(),
+                          capture_output=True, check=False)
     if check and done.returncode != 0:
-        raise AssertionError(f"git {' '.join(args)} in {cwd}: {done.stderr}")
-    return done.stdout
+        raise AssertionError(f"git {' '.join(args)} in {cwd}: {done.stderr.decode(errors='replace')}")
+    return done.stdout.decode()
 
 
 def cli_status(cwd: Path) -> dict[str, str]:
@@ -325,6 +327,7 @@ def test_stage_all_and_commit_equal_git_add_and_commit(setup: dict, ops: list, m
 
 @settings(max_examples=50, deadline=None)
 @given(st.text(alphabet=" \t\r\n\x0b\x0cab#\u00a0", max_size=16))
+@example("\ra\n")  # a CR that is not trailing whitespace
 def test_a_message_libgit2_commits_as_given_is_one_git_keeps_as_given(message: str) -> None:
     """`libgit.commit` writes only messages its cleanup leaves alone; git must leave them too."""
     if libgit._cleaned(message) == message:
