@@ -13,6 +13,11 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
 * the configuration names behaviour libgit2 lacks: an external filter driver (``filter.*``:
   git-lfs and the like, whose clean step libgit2 would skip), a sparse checkout, a split index,
   an object format other than SHA-1;
+* a case where libgit2's answer differs from git's (each found by tests/vcs/test_libgit.py
+  against the CLI): ``core.ignorecase``; an intent-to-add entry in status; a changed
+  ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
+  a symlink turned file in staging; a commit message git would clean; a base tree with
+  ``.gitattributes`` for a new worktree;
 * any libgit2 error on the way (nothing is written before the last step succeeds).
 
 Nothing here runs hooks or signs, like `ftl.vcs.git`'s ``GIT_OPTIONS``.
@@ -32,8 +37,12 @@ FileStatus: Any = None
 _MISSING = False
 
 # Configuration that libgit2 does not honour the way git does (see the module docstring).
+# core.ignorecase: on a case-sensitive file system git takes ``file.txt`` for the tracked
+# ``File.txt`` and leaves it alone, libgit2 stages its content as ``File.txt``.
 _UNSUPPORTED = ("core.sparsecheckout", "core.splitindex", "extensions.objectformat",
-                "extensions.worktreeconfig", "core.fsmonitor")
+                "extensions.worktreeconfig", "core.fsmonitor", "core.ignorecase")
+# The empty blob: what an intent-to-add index entry (`git add -N`) records.
+_EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 
 def load() -> bool:
@@ -102,10 +111,35 @@ def status(path: Path) -> dict[str, str] | None:
         if prefix.startswith("../"):
             return None
         found = repo.status(untracked_files="all", ignored=False)
-    except (pygit2.GitError, OSError, ValueError):
+        changes = {}
+        for name, flags in found.items():
+            if flags and _is_attributes(name):  # anywhere: a parent folder's rules apply here
+                return None
+            if not name.startswith(prefix) or flags & FileStatus.IGNORED or not flags:
+                continue
+            if (flags & FileStatus.INDEX_NEW and flags & (FileStatus.WT_MODIFIED | FileStatus.WT_DELETED)
+                    and str(repo.index[name].id) == _EMPTY_BLOB):
+                return None  # maybe `git add -N`: git says " A"/" D", libgit2 "AM"/"AD"
+            if flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED) and _reencoded(repo, name):
+                return None
+            changes[name[len(prefix):]] = _porcelain(flags)
+    except (pygit2.GitError, OSError, ValueError, KeyError):
         return None
-    return {name[len(prefix):]: _porcelain(flags) for name, flags in found.items()
-            if name.startswith(prefix) and not flags & FileStatus.IGNORED and flags}
+    return changes
+
+
+def _reencoded(repo: Any, name: str) -> bool:
+    """Whether git converts ``name`` from a ``working-tree-encoding`` (e.g. UTF-16) on the way
+    in, which libgit2 does not do: it would hash the raw bytes. About 20 us a path."""
+    return repo.get_attr(name, "working-tree-encoding") not in (None, False)
+
+
+def _is_attributes(name: str) -> bool:
+    """Whether ``name`` (a changed path) is a ``.gitattributes``. Files that did not change
+    but read differently under the new attributes are noticed by git when their stat data is
+    racy at the 1 s resolution git is built with by default, and not by libgit2, which compares
+    nanoseconds (found by tests/vcs/test_libgit.py)."""
+    return name == ".gitattributes" or name.endswith("/.gitattributes")
 
 
 def stage_all(path: Path, base: str) -> list[str] | None:
@@ -122,12 +156,19 @@ def stage_all(path: Path, base: str) -> list[str] | None:
     try:
         index = repo.index
         for name, flags in repo.status(untracked_files="all", ignored=False).items():
-            if flags & FileStatus.CONFLICTED:
+            if flags & FileStatus.CONFLICTED or _is_attributes(name):
                 return None
             if flags & FileStatus.WT_DELETED:
                 index.remove(name)
             elif flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_TYPECHANGE):
-                if (Path(repo.workdir) / name).is_dir():  # an embedded repository: git's call
+                if _reencoded(repo, name):
+                    return None
+                found = Path(repo.workdir) / name
+                if not found.is_symlink() and found.is_dir():  # an embedded repository: git's call
+                    return None
+                if flags & FileStatus.WT_TYPECHANGE and not found.is_symlink():
+                    # A symlink or gitlink turned file: libgit2 skips the CRLF normalisation
+                    # git applies (it takes a non-file index entry for one holding CRs).
                     return None
                 index.add(name)
         tree = index.write_tree()
@@ -143,13 +184,16 @@ def commit(path: Path, *, branch: str, parent: str, message: str, name: str,
            email: str) -> str | None:
     """Commit the index of the work tree at ``path`` on ``branch`` (which must point at
     ``parent``; the worktree's ``HEAD`` names it), author and committer ``name <email>`` now,
-    in process; like ``git commit -q --allow-empty --no-verify`` with hooks and signing off.
+    in process; like ``git commit -q --allow-empty --no-verify -F -`` with hooks and signing
+    off. ``message`` must be as git would store it (see `_cleaned`), else the CLI cleans it.
 
     Returns:
         The new commit's id (40 hex digits); None when libgit2 cannot do it like git: run the
         CLI (nothing was written then, except possibly the commit object, which git ignores
         until a ref names it).
     """
+    if message != _cleaned(message):  # git would clean it; libgit2 writes it as given
+        return None
     repo = _open(path)
     if repo is None:
         return None
@@ -162,6 +206,21 @@ def commit(path: Path, *, branch: str, parent: str, message: str, name: str,
                                       [pygit2.Oid(hex=parent)]))
     except (pygit2.GitError, OSError, ValueError, KeyError):
         return None
+
+
+def _cleaned(message: str) -> str:
+    """``message`` as ``git commit -F`` stores it (``--cleanup=whitespace``, git's
+    ``strbuf_stripspace``): trailing whitespace off each line, runs of blank lines made one,
+    no leading or trailing blank line, a final newline. Python's notion of whitespace is wider
+    than git's; a message that differs only there goes to the CLI, which is merely slower."""
+    lines = [line.rstrip() for line in message.split("\n")]
+    kept: list[str] = []
+    for line in lines:
+        if line or (kept and kept[-1]):
+            kept.append(line)
+    while kept and not kept[-1]:
+        kept.pop()
+    return "".join(line + "\n" for line in kept)
 
 
 def move_ref(repo_path: Path, ref: str, new: str, old: str) -> bool | None:
@@ -195,21 +254,34 @@ def add_worktree(repo_path: Path, *, name: str, path: Path, branch: str, base: s
     administered as ``name``.
 
     Returns:
-        True when the worktree stands; False when libgit2 could not make it (then ``path`` does
-        not exist and the branch may point at ``base``): run the CLI.
+        True when the worktree stands; False when libgit2 could not make it like git (``path``
+        exists, ``base`` holds a ``.gitattributes``, a record of ``name`` is left; then ``path``
+        does not exist and the branch may point at ``base``): run the CLI.
     """
     repo = _open(repo_path)
     if repo is None or path.exists():
         return False
     try:
+        if _has_attributes(repo, repo.get(base).peel(pygit2.Tree)):
+            return False
         reference = repo.create_reference_direct(f"refs/heads/{branch}", pygit2.Oid(hex=base), True)
         repo.add_worktree(name, str(path), reference)
         return True
-    except (pygit2.GitError, OSError, ValueError, KeyError):
+    except (pygit2.GitError, OSError, ValueError, KeyError, AttributeError):
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
         return False
+
+
+def _has_attributes(repo: Any, tree: Any) -> bool:
+    """Whether ``tree`` holds a ``.gitattributes`` at any depth. libgit2 checks a new worktree
+    out before its index exists, so a file written before the ``.gitattributes`` that governs it
+    (the file itself, ``+x`` or ``-x`` in the same folder) misses its eol/ident conversion; git
+    reads the attributes of the tree it checks out. About 1 ms for 5,000 files in 500 folders."""
+    if ".gitattributes" in tree:
+        return True
+    return any(entry.type_str == "tree" and _has_attributes(repo, repo[entry.id]) for entry in tree)
 
 
 def remove_worktree(repo_path: Path, *, name: str, path: Path) -> bool:
