@@ -192,15 +192,10 @@ def ready_tasks(env: Env) -> Reply:
 
     data: {"items": [task dict, ...]}; empty when none is ready or no campaign is active.
     """
-    from ftl import dag
-
     campaign = env.active(required=False)
     if campaign is None:
         return Reply(wrap([]), ftl=[])
-    # The graph alone (3 columns), then the specs of the ready tasks only: a 10,000-task plan
-    # decodes a few specs, not all of them.
-    ready = dag.ready_set(*env.store.task_graph(campaign["campaign_id"]))
-    chosen = env.store.tasks(campaign["campaign_id"], seqs=ready)
+    chosen = env.store.ready_tasks(campaign["campaign_id"])  # SQLite finds them; specs of those only
     return Reply(wrap(chosen), ftl=lambda: [ftl_task(r) for r in chosen])
 
 

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ftl
+from ftl import dag
 from ftl.errors import FtlError
 from ftl.models import Plan, TaskStatus
 from ftl.store import SCHEMA_VERSION, TRANSITIONS, Store, format_ts
@@ -785,3 +786,24 @@ def test_commits_survive_a_killed_process_and_durable_fsyncs_each(tmp_path):
         assert store._conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     with Store.for_repo(tmp_path, durable=True) as store:
         assert store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_ready_tasks_in_sql_is_the_dag_ready_set(data) -> None:
+    """`Store.ready_tasks` (SQLite) agrees with `ftl.dag.ready_set` on random DAGs and statuses."""
+    count = data.draw(st.integers(1, 25))
+    depends = {i: sorted(data.draw(st.sets(st.integers(1, i - 1), max_size=3)) if i > 1 else [])
+               for i in range(1, count + 1)}
+    statuses = data.draw(st.lists(st.sampled_from(["pending", "running", "complete", "blocked"]),
+                                  min_size=count, max_size=count))
+    with tempfile.TemporaryDirectory() as tmp, Store.for_repo(Path(tmp)) as store:
+        cid = store.create_campaign("ready in SQL")["campaign_id"]
+        store.add_tasks(cid, plan(*(task(f"{i:03d}", [f"{d:03d}" for d in deps])
+                                    for i, deps in depends.items())))
+        with store._conn:  # statuses set directly: the transitions are not under test here
+            store._conn.executemany("UPDATE task SET status = ? WHERE campaign_id = ? AND seq = ?",
+                                    [(s, cid, f"{i:03d}") for i, s in zip(depends, statuses)])
+        expected = dag.ready_set(*store.task_graph(cid))
+        assert [t["seq"] for t in store.ready_tasks(cid)] == expected
+        assert store.ready_tasks(cid) == store.tasks(cid, seqs=expected)
