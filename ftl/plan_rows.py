@@ -26,7 +26,7 @@ the models).
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Callable, Iterable, NamedTuple
 
@@ -57,11 +57,15 @@ class PlanRows:
         plan_json: ``Plan.model_dump_json(by_alias=True)``, the plan version's text.
         framework: the plan's framework (None when unset).
         tasks: one `TaskRow` per task, in plan order.
+        graph_checked: the tasks are known to form a DAG over their own seqs (no duplicate seq,
+            no dangling dependency, no cycle): the lean path checked it, so the store need not
+            check it again (`ftl.store.check_plan_graph`).
     """
 
     plan_json: str
     framework: str | None
     tasks: list[TaskRow]
+    graph_checked: bool = field(default=False, compare=False)  # provenance, not content
 
     @classmethod
     def from_plan(cls, plan: Plan) -> "PlanRows":
@@ -355,7 +359,7 @@ def lean_plan_rows(raw: object) -> PlanRows | None:
     except (_Declined, orjson.JSONEncodeError):  # JSONEncodeError: an int past 64 bits, a lone surrogate
         return None
     plan_json = "".join((head, ',"tasks":[', ",".join(texts), "]", "," if tail else "", tail, "}"))
-    return PlanRows(plan_json=plan_json, framework=header["framework"], tasks=rows)
+    return PlanRows(plan_json=plan_json, framework=header["framework"], tasks=rows, graph_checked=True)
 
 
 def _default(default: Any) -> Any:

@@ -170,6 +170,8 @@ def test_a_planner_written_plan_takes_the_lean_path() -> None:
     rows = lean_plan_rows(raw)
     assert rows is not None and rows == PlanRows.from_plan(parse_plan(raw))
     assert [row.seq for row in rows.tasks][998:1001] == ["999", "1000", "1001"]
+    # its graph was checked on the way; rows made from a model are checked by the store
+    assert rows.graph_checked and not PlanRows.from_plan(parse_plan(raw)).graph_checked
 
 
 def test_field_tables_match_the_models() -> None:
