@@ -101,8 +101,9 @@ def command_baseline_ms(repeat: int = 20) -> float:
 
 def git_work_baseline_ms(repeat: int = 20) -> float:
     """Median cost (ms) of the git work a worktree task needs, done on its own with
-    `ftl.vcs.worktrees.Worktrees` on a fresh repository (no runner, no tool server): add the
-    task's worktree, stage, commit, integrate (a fast-forward) and remove it."""
+    `ftl.vcs.worktrees.Worktrees` on a fresh repository (no runner, no tool server): prepare
+    the task's worktree (the previous task's, reset), stage, commit, integrate (a
+    fast-forward) and release it."""
     from ftl.vcs.worktrees import Worktrees
 
     samples = []
@@ -116,7 +117,7 @@ def git_work_baseline_ms(repeat: int = 20) -> float:
             trees.stage(tree)
             commit = trees.commit(tree, seq=f"{number:03d}", slug="task", attempt=1, spec={})
             trees.integrate(commit, name=name)
-            trees.remove(name)
+            trees.release(tree)  # as the runner does: the next task reuses the worktree
             if number >= 3:  # three warm-up rounds
                 samples.append((time.perf_counter() - started) * 1000)
     return statistics.median(samples)

@@ -293,7 +293,7 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
     else:
         previous = _already_built(run, seq, spec)
         if previous is not None and previous[1].get("base_commit"):
-            tree = trees.reuse(name, previous[1]["base_commit"])
+            tree = trees.reuse(name, previous[1]["base_commit"], previous[1].get("workdir"))
             built = previous[0] if tree is not None else None
         if built is not None:  # the build finished before a crash; its files are still there
             run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
@@ -317,11 +317,13 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
                          commit=commit.commit, base=commit.base, file_count=len(changed),
                          files=changed[:50])
         try:
-            return _integrate(run, workspace, commit, build_result, verify, started)
+            return _integrate(run, workspace, commit, build_result, verify, started, tree=tree)
         except MergeConflict as conflict:
             outcome = _conflicted(run, workspace, commit, conflict, round_, cancel)
             if outcome is not None:
                 return outcome
+            if tree is not None:  # its commit stays on the task branch; the folder is reused
+                trees.release(tree)
             tree, built, commit = trees.prepare(name), None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
     raise AssertionError("unreachable: the second round returns or blocks")
@@ -490,9 +492,11 @@ def _escalate_remote(error: FtlError) -> FtlError:
 
 
 def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, Any],
-               verify: dict[str, Any], started: float, **detail: Any) -> TaskOutcome:
-    """Integrate a verified task commit and complete the task, then remove its worktree (git's
-    cost of adding a worktree grows with the number standing: keep it to the running tasks).
+               verify: dict[str, Any], started: float, tree: Any = None,
+               **detail: Any) -> TaskOutcome:
+    """Integrate a verified task commit and complete the task. Its worktree (``tree``, else
+    the task's own path) is released for the next task, or removed: git's cost of adding a
+    worktree grows with the number standing, and a reused one is reset, not checked out anew.
     Raises MergeConflict."""
     integration = run.worktrees.integrate(commit, name=workspace.workspace_id)
     if not integration.already:
@@ -500,7 +504,10 @@ def _integrate(run: Run, workspace: Any, commit: Any, build_result: dict[str, An
                      head=integration.head, previous=integration.previous,
                      fast_forward=integration.fast_forward)
     try:  # the commit is integrated: resume needs only the branch from here on
-        run.worktrees.remove(workspace.workspace_id)
+        if tree is not None:
+            run.worktrees.release(tree)
+        else:
+            run.worktrees.remove(workspace.workspace_id)
     except (GitError, OSError) as error:  # a leftover folder; the campaign's end removes it
         _LOG.warning("task %s: its worktree was not removed: %s", workspace.seq, error)
     return _complete(run, workspace, build_result, verify, started, commit=commit.commit,

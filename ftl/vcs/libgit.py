@@ -29,8 +29,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load", "status", "stage_all", "commit", "move_ref", "add_worktree", "remove_worktree",
-           "is_ancestor", "merge_disjoint"]
+__all__ = ["load", "status", "stage_all", "commit", "move_ref", "add_worktree", "reset_worktree",
+           "remove_worktree", "is_ancestor", "merge_disjoint"]
 
 pygit2: Any = None  # imported on first use: the light commands never need it
 FileStatus: Any = None
@@ -378,3 +378,31 @@ def merge_disjoint(repo_path: Path, *, head: str, task: str, base: str, message:
                                       [pygit2.Oid(hex=head), pygit2.Oid(hex=task)]))
     except (pygit2.GitError, ValueError, KeyError, AttributeError):
         return None
+
+
+def reset_worktree(path: Path, *, branch: str, base: str) -> bool:
+    """``git checkout --force -B BRANCH BASE && git clean -ffdx`` in the existing worktree at
+    ``path``, in process: only the files that differ are written, so a worktree reused for the
+    next task costs what the two trees differ by, not a checkout of every file.
+
+    Returns:
+        True when the worktree is at ``base`` on ``branch`` with nothing else in it (checked
+        afterwards: no change, no untracked or ignored file); False when libgit2 could not do
+        it like git (``base`` holds a ``.gitattributes``, or something is left): run the CLI.
+    """
+    repo = _open(path)
+    if repo is None:
+        return False
+    try:
+        commit = repo.get(base).peel(pygit2.Commit)
+        if _has_attributes(repo, commit.tree):
+            return False
+        reference = repo.create_reference_direct(f"refs/heads/{branch}", commit.id, True)
+        repo.checkout_tree(commit.tree, strategy=pygit2.enums.CheckoutStrategy.FORCE
+                           | pygit2.enums.CheckoutStrategy.REMOVE_UNTRACKED
+                           | pygit2.enums.CheckoutStrategy.REMOVE_IGNORED)
+        repo.set_head(reference.name)
+        repo.index.read(True)
+        return not repo.status(untracked_files="all", ignored=True) and str(repo.head.target) == base
+    except (pygit2.GitError, OSError, ValueError, KeyError, AttributeError):
+        return False

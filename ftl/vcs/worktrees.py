@@ -40,6 +40,7 @@ __all__ = ["Worktrees", "TaskTree", "TaskCommit", "Integration", "MergeConflict"
            "MIN_GIT"]
 
 WORKTREES_DIR = Path(".ftl") / "worktrees"
+POOL_SIZE = 8  # idle worktrees kept for reuse (`Worktrees.release`)
 MIN_GIT = (2, 38)  # git merge-tree --write-tree
 _TRAILER_KEYS = ("Ftl-Campaign", "Ftl-Task", "Ftl-Slug", "Ftl-Attempt", "Ftl-Spec")
 _SPEC_KEYS = ("run", "verify", "delta", "creates", "builder")
@@ -196,6 +197,10 @@ class Worktrees:
         # The integration head as last read or moved here: one driver per repository (the run
         # lock) moves it, so the git call that would read it again is saved.
         self._head: str | None = None
+        # Worktrees of integrated tasks, kept for the next tasks (`release`, `prepare`): resetting
+        # one writes only the files that differ; adding one writes every file (a 5,000-file
+        # repository: seconds per task on a slow disk).
+        self._idle: list[Path] = []
         libgit.load()  # before the tasks start, not inside the first one's git call
 
     # --- the integration branch ---
@@ -238,13 +243,14 @@ class Worktrees:
         with self._refs_lock:
             if path.exists() and not (path / ".git").is_file():
                 shutil.rmtree(path)
-            if path.exists():
-                tree = Git(path)
-                try:
-                    tree.run("checkout", "-q", "--force", "-B", branch, base)
-                    tree.run("clean", "-q", "-ffdx")
-                except GitError:  # a broken worktree: start over
-                    self._remove_locked(path)
+            if path.exists() and not self._reset(path, branch, base):
+                self._remove_locked(path)  # a broken worktree: start over
+            while not path.exists() and self._idle:  # an integrated task's worktree, reset
+                idle = self._idle.pop()
+                if self._reset(idle, branch, base):
+                    return TaskTree(name=name, path=idle, workdir=idle.relative_to(self.repo).as_posix(),
+                                    branch=branch, base=base)
+                self._remove_locked(idle)
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if libgit.add_worktree(self.repo, name=name, path=path, branch=branch, base=base):
@@ -258,10 +264,45 @@ class Worktrees:
         return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
                         branch=branch, base=base)
 
-    def reuse(self, name: str, base: str) -> TaskTree | None:
+    def _reset(self, path: Path, branch: str, base: str) -> bool:
+        """Put the worktree at ``path`` on ``branch`` at ``base`` with nothing else in it
+        (libgit2, else ``checkout --force -B`` and ``clean -ffdx``); False when git fails."""
+        if libgit.reset_worktree(path, branch=branch, base=base):
+            return True
+        tree = Git(path)
+        try:
+            tree.run("checkout", "-q", "--force", "-B", branch, base)
+            tree.run("clean", "-q", "-ffdx")
+        except GitError:
+            return False
+        return True
+
+    def release(self, tree: TaskTree) -> None:
+        """``tree``'s task is done with it (its commit is integrated, or a re-run starts): keep
+        the worktree for the next `prepare`, up to `POOL_SIZE`, else remove it. Idempotent."""
+        with self._refs_lock:
+            if tree.path in self._idle or not (tree.path / ".git").is_file():
+                return
+            if len(self._idle) < POOL_SIZE:
+                self._idle.append(tree.path)
+                return
+        self.remove_path(tree.path)
+
+    def remove_path(self, path: Path) -> None:
+        """Remove the worktree at ``path`` (a task's own, or one it was given from the pool)."""
+        with self._refs_lock:
+            if path in self._idle:
+                self._idle.remove(path)
+            name = path.name
+            if not libgit.remove_worktree(self.repo, name=name, path=path):
+                self._remove_locked(path)
+
+    def reuse(self, name: str, base: str, workdir: str | None = None) -> TaskTree | None:
         """The existing worktree of ``name`` if it still stands on ``base`` (its uncommitted
-        files are an earlier attempt's build, kept for verify after a crash); else None."""
-        path = self.path_of(name)
+        files are an earlier attempt's build, kept for verify after a crash); else None.
+        ``workdir``: where that attempt ran, relative to the repository (the workspace row's
+        ``workdir``: a worktree taken from the pool stands at another task's path)."""
+        path = self.repo / workdir if workdir else self.path_of(name)
         if not (path / ".git").is_file():
             return None
         try:
@@ -425,10 +466,7 @@ class Worktrees:
     # --- cleaning up ---
     def remove(self, name: str) -> None:
         """Remove task ``name``'s worktree (its branch stays). Idempotent."""
-        with self._refs_lock:
-            path = self.path_of(name)
-            if not libgit.remove_worktree(self.repo, name=name, path=path):
-                self._remove_locked(path)
+        self.remove_path(self.path_of(name))
 
     def finish(self) -> list[str]:
         """End of the campaign: remove its worktrees and delete the task branches whose tips
@@ -438,6 +476,7 @@ class Worktrees:
         prefix = f"refs/heads/ftl/{self.campaign_id}/task/"
         try:
             with self._refs_lock:
+                self._idle.clear()  # they stand at task paths: removed below with the rest
                 names = self.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
                 for ref in names:
                     path = self.path_of(ref[len(prefix):])

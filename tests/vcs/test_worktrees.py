@@ -263,3 +263,42 @@ def test_disjoint_changes_merge_in_process_to_gits_tree(repo: Path) -> None:
                                  message="m\n", **identity) is None
     with pytest.raises(MergeConflict):
         trees.integrate(as_dir, name="008-dir")
+
+
+@pytest.mark.parametrize("attributes", [False, True])  # True: libgit2 declines, git resets it
+def test_a_released_worktree_serves_the_next_task_reset_to_its_base(repo: Path, attributes: bool) -> None:
+    from ftl.vcs.worktrees import POOL_SIZE
+
+    if attributes:
+        (repo / ".gitattributes").write_text("*.txt text\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "attributes")
+    trees = Worktrees(repo, "c-p")
+    first, _, commit = finished_task(trees, "001-one", "a.txt", "a\n")
+    (first.path / "__pycache__").mkdir()
+    (first.path / "__pycache__" / "x.pyc").write_bytes(b"\0")  # ignored: must go too
+    (first.path / "stray.txt").write_text("untracked\n")
+    head = trees.integrate(commit, name="001-one").head
+    trees.release(first)
+    trees.release(first)  # idempotent
+
+    second = trees.prepare("002-two")
+    assert second.path == first.path and second.base == head  # the same folder, reset
+    assert second.workdir == first.workdir and second.name == "002-two"
+    assert git(second.path, "rev-parse", "--abbrev-ref", "HEAD") == "ftl/c-p/task/002-two"
+    assert git(second.path, "status", "--porcelain", "--ignored") == ""
+    assert (second.path / "a.txt").read_text() == "a\n"  # the integrated work is the base
+    # A crash during its build: resume finds it through the workspace row's workdir.
+    (second.path / "b.txt").write_text("built\n")
+    found = trees.reuse("002-two", head, second.workdir)
+    assert found is not None and found.path == second.path and trees.reuse("002-two", head) is None
+    assert trees.stage(found) == ["b.txt"]
+
+    # Past POOL_SIZE idle worktrees, a released one is removed.
+    extra = [trees.prepare(f"{n:03d}-extra") for n in range(3, 4 + POOL_SIZE)]
+    for tree in extra:
+        trees.release(tree)
+    assert len(trees._idle) == POOL_SIZE
+    assert sum(tree.path.exists() for tree in extra) == POOL_SIZE
+    trees.finish()
+    assert not any(tree.path.exists() for tree in extra) and not trees._idle
