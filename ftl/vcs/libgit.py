@@ -117,9 +117,12 @@ def status(path: Path) -> dict[str, str] | None:
                 return None
             if not name.startswith(prefix) or flags & FileStatus.IGNORED or not flags:
                 continue
-            if (flags & FileStatus.INDEX_NEW and flags & (FileStatus.WT_MODIFIED | FileStatus.WT_DELETED)
+            if (flags & (FileStatus.INDEX_NEW | FileStatus.INDEX_MODIFIED)
+                    and flags & (FileStatus.WT_MODIFIED | FileStatus.WT_DELETED | FileStatus.WT_TYPECHANGE)
                     and str(repo.index[name].id) == _EMPTY_BLOB):
-                return None  # maybe `git add -N`: git says " A"/" D", libgit2 "AM"/"AD"
+                # maybe `git add -N` (of a new path, or after `rm --cached`): git says " A", " D"
+                # or "DA", libgit2 "AM", "AD" or "MM"
+                return None
             if flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED) and _reencoded(repo, name):
                 return None
             changes[name[len(prefix):]] = _porcelain(flags)

@@ -96,13 +96,15 @@ EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
 
 def status_steps_aside(root: Path) -> bool:
     """The cases where `libgit.status` leaves the answer to git, by git's account of ``root``:
-    a changed ``.gitattributes``, an index entry of the empty blob not in HEAD (``git add -N``)."""
+    a changed ``.gitattributes``, an index entry of the empty blob that HEAD does not hold
+    (``git add -N``, of a new path or after ``git rm --cached``)."""
     changed = cli_status(root)
     staged = {record.split("\t", 1)[1]: record.split()[1]
               for record in git(root, "ls-files", "--stage", "-z").split("\0") if record}
-    committed = set(git(root, "ls-tree", "-r", "-z", "--name-only", "HEAD").split("\0"))
+    committed = {record.split("\t", 1)[1]: record.split()[2]
+                 for record in git(root, "ls-tree", "-r", "-z", "HEAD").split("\0") if record}
     return (any(Path(path).name == ".gitattributes" for path in changed)
-            or any(staged.get(path) == EMPTY_BLOB and path not in committed
+            or any(staged.get(path) == EMPTY_BLOB and committed.get(path) != EMPTY_BLOB
                    for path in git(root, "ls-files", "-z").split("\0")))
 
 
@@ -701,3 +703,14 @@ def test_not_a_repository_and_a_bare_repository_go_to_git(tmp_path: Path) -> Non
         assert libgit.remove_worktree(where, name="w", path=tmp_path / "w") is False
     assert libgit.move_ref(plain, "refs/heads/main", base, base) is None
     assert not (tmp_path / "w").exists()
+
+
+def test_intent_to_add_after_rm_cached_is_left_to_git(tmp_path: Path) -> None:
+    """`git rm --cached` then `git add -N` of a tracked path: git says "DA", libgit2 would say
+    "MM" (found by the differential test above); status steps aside."""
+    root = tmp_path / "r"
+    make_repo(root, {"core.filemode": "true"})
+    git(root, "rm", "-q", "--cached", "d/x.py")
+    git(root, "add", "-N", "d/x.py")
+    assert cli_status(root)["d/x.py"] == "DA"
+    assert libgit.status(root) is None
