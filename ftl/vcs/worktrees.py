@@ -7,16 +7,19 @@ Names (git refs are paths, so a branch ``ftl/<id>`` could not sit beside ``ftl/<
   at a time, in completion order. It is the campaign's truth for code; the user's branch moves
   only on `land`.
 * task branch ``ftl/<campaign_id>/task/<seq>-<slug>``, checked out in the worktree
-  ``.ftl/worktrees/<seq>-<slug>``, reset to the integration head for each fresh attempt, so a
-  task sees exactly its dependencies' results (they were integrated before it became ready) plus
-  its own changes.
+  ``.ftl/worktrees/<seq>-<slug>``, or in an earlier task's worktree once that task is integrated
+  (`Worktrees.release`: a reset writes only the files that differ, a new worktree every file),
+  reset to the integration head for each fresh attempt, so a task sees exactly its
+  dependencies' results (they were integrated before it became ready) plus its own changes.
+  The workspace row records where an attempt ran (``workdir``).
 * a task commit carries trailers (``Ftl-Campaign``, ``Ftl-Task``, ``Ftl-Attempt``,
   ``Ftl-Spec``): resume asks git "is this task's commit there, and is it integrated?" before it
   acts, so a crash at any point neither loses nor double-integrates a result.
 
 Integration never checks anything out: ``git merge-tree --write-tree`` (git >= 2.38) computes the
 merged tree, ``git commit-tree`` records it, and ``git update-ref NEW OLD`` moves the branch only
-if nobody moved it meanwhile. A task whose base is still the head is fast-forwarded (linear
+if nobody moved it meanwhile. Most of these steps run in process through libgit2
+(`ftl.vcs.libgit`) where it answers as git would; git itself runs everywhere else. A task whose base is still the head is fast-forwarded (linear
 history); a conflict moves nothing and raises `MergeConflict` with the paths and the tasks
 whose integrated commits touched them (never file contents).
 """
@@ -248,21 +251,39 @@ class Worktrees:
             while not path.exists() and self._idle:  # an integrated task's worktree, reset
                 idle = self._idle.pop()
                 if self._reset(idle, branch, base):
-                    return TaskTree(name=name, path=idle, workdir=idle.relative_to(self.repo).as_posix(),
-                                    branch=branch, base=base)
+                    return self._tree(name, idle, base)
                 self._remove_locked(idle)
             if not path.exists():
                 path.parent.mkdir(parents=True, exist_ok=True)
                 if libgit.add_worktree(self.repo, name=name, path=path, branch=branch, base=base):
-                    return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
-                                    branch=branch, base=base)
+                    return self._tree(name, path, base)
                 try:
                     self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
                 except GitError:  # git still lists a worktree there that is gone: prune, retry
                     self.git.run("worktree", "prune")
+                    # After a crash the branch may sit in an earlier task's released folder
+                    # (git will not move a branch checked out elsewhere): that folder is ours.
+                    held = self._holding(branch)
+                    if held is not None and self._reset(held, branch, base):
+                        return self._tree(name, held, base)
                     self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
+        return self._tree(name, path, base)
+
+    def _holding(self, branch: str) -> Path | None:
+        """The worktree of ours (under `WORKTREES_DIR`) that has ``branch`` checked out."""
+        ours = (self.repo / WORKTREES_DIR).resolve()
+        where: Path | None = None
+        for line in self.git.out("worktree", "list", "--porcelain").splitlines():
+            if line.startswith("worktree "):
+                where = Path(line[len("worktree "):]).resolve()
+            elif line == f"branch refs/heads/{branch}" and where is not None \
+                    and where.is_relative_to(ours):
+                return where
+        return None
+
+    def _tree(self, name: str, path: Path, base: str) -> TaskTree:
         return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
-                        branch=branch, base=base)
+                        branch=task_branch(self.campaign_id, name), base=base)
 
     def _reset(self, path: Path, branch: str, base: str) -> bool:
         """Put the worktree at ``path`` on ``branch`` at ``base`` with nothing else in it
@@ -293,8 +314,7 @@ class Worktrees:
         with self._refs_lock:
             if path in self._idle:
                 self._idle.remove(path)
-            name = path.name
-            if not libgit.remove_worktree(self.repo, name=name, path=path):
+            if not libgit.remove_worktree(self.repo, name=path.name, path=path):
                 self._remove_locked(path)
 
     def reuse(self, name: str, base: str, workdir: str | None = None) -> TaskTree | None:
@@ -311,8 +331,7 @@ class Worktrees:
             return None
         if current != base:
             return None
-        return TaskTree(name=name, path=path, workdir=path.relative_to(self.repo).as_posix(),
-                        branch=task_branch(self.campaign_id, name), base=base)
+        return self._tree(name, path, base)
 
     def stage(self, tree: TaskTree) -> list[str]:
         """Stage every change in ``tree`` (``git add -A``: ignored files such as ``__pycache__``
@@ -334,11 +353,10 @@ class Worktrees:
         message = (f"ftl: {tree.name}\n\nTask {seq} ({slug}), attempt {attempt}, of campaign "
                    f"{self.campaign_id}.\n\n"
                    + "".join(f"{key}: {value}\n" for key, value in trailers.items()))
-        identity = self._identity(tree.name)
         commit = libgit.commit(tree.path, branch=tree.branch, parent=tree.base, message=message,
-                               name=identity["GIT_AUTHOR_NAME"], email=identity["GIT_AUTHOR_EMAIL"])
+                               **self._signer(tree.name))
         if commit is None:
-            Git(tree.path, identity).run(
+            Git(tree.path, self._identity(tree.name)).run(
                 "commit", "-q", "--allow-empty", "--no-verify", "-F", "-", input=message)
             commit = Git(tree.path).out("rev-parse", "HEAD")
         return TaskCommit(commit=commit, base=tree.base, trailers=trailers)
@@ -375,10 +393,8 @@ class Worktrees:
                 return Integration(head=head, previous=head, already=True)
             message = (f"ftl: integrate {name}\n\n"
                        + "".join(f"{key}: {value}\n" for key, value in task.trailers.items()))
-            identity = self._identity(name)
             new = libgit.merge_disjoint(self.repo, head=head, task=task.commit, base=task.base,
-                                        message=message, name=identity["GIT_AUTHOR_NAME"],
-                                        email=identity["GIT_AUTHOR_EMAIL"])
+                                        message=message, **self._signer(name))
             if new is not None:
                 self._move(new, head)
                 return Integration(head=new, previous=head)
@@ -388,7 +404,7 @@ class Worktrees:
             if merged.returncode == 1:
                 paths = sorted({path for path in rest if path})
                 raise MergeConflict(paths, self._tasks_touching(task.base, head, paths))
-            new = Git(self.repo, identity).out(
+            new = Git(self.repo, self._identity(name)).out(
                 "commit-tree", tree.strip(), "-p", head, "-p", task.commit, "-F", "-", input=message)
             self._move(new, head)
             return Integration(head=new, previous=head)
@@ -510,11 +526,15 @@ class Worktrees:
         except GitError:
             return None
 
+    def _signer(self, name: str) -> dict[str, str]:
+        """Author and committer of ftl's commits for ``name``: ``{"name", "email"}``."""
+        return {"name": f"ftl {name}", "email": f"ftl+{self.campaign_id}@ftl.invalid"}
+
     def _identity(self, name: str) -> dict[str, str]:
-        who = f"ftl {name}"
-        email = f"ftl+{self.campaign_id}@ftl.invalid"
-        return {"GIT_AUTHOR_NAME": who, "GIT_AUTHOR_EMAIL": email,
-                "GIT_COMMITTER_NAME": who, "GIT_COMMITTER_EMAIL": email}
+        """`_signer` as git's environment variables."""
+        who = self._signer(name)
+        return {"GIT_AUTHOR_NAME": who["name"], "GIT_AUTHOR_EMAIL": who["email"],
+                "GIT_COMMITTER_NAME": who["name"], "GIT_COMMITTER_EMAIL": who["email"]}
 
 
 def _parse_trailers(text: str) -> dict[str, str]:

@@ -302,3 +302,23 @@ def test_a_released_worktree_serves_the_next_task_reset_to_its_base(repo: Path, 
     assert sum(tree.path.exists() for tree in extra) == POOL_SIZE
     trees.finish()
     assert not any(tree.path.exists() for tree in extra) and not trees._idle
+
+
+def test_after_a_crash_a_task_whose_branch_sits_in_another_tasks_folder_starts_again(repo: Path) -> None:
+    """Killed while task 002 ran in task 001's released folder: the resumed run (an empty pool)
+    prepares 002 again although its branch is still checked out there (git refuses to move it)."""
+    trees = Worktrees(repo, "c-k")
+    first, _, commit = finished_task(trees, "001-one", "a.txt", "a\n")
+    head = trees.integrate(commit, name="001-one").head
+    trees.release(first)
+    second = trees.prepare("002-two")
+    assert second.path == first.path
+    (second.path / "half.txt").write_text("half-done build\n")
+
+    resumed = Worktrees(repo, "c-k")
+    again = resumed.prepare("002-two")
+    assert again.base == head and again.branch == second.branch
+    assert git(again.path, "rev-parse", "--abbrev-ref", "HEAD") == second.branch
+    assert git(again.path, "status", "--porcelain", "--ignored") == ""
+    (again.path / "b.txt").write_text("b\n")
+    assert resumed.stage(again) == ["b.txt"]
