@@ -23,6 +23,7 @@ Also here: `git_status`, the parsed ``git status --porcelain`` of a work tree, a
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import selectors
@@ -184,7 +185,13 @@ def pid_window(pgid: int, before: tuple[int, int], forks_now: int, last_pid: int
 
 
 _SPAN_PROBE = 256  # up to this many pids in the window are read one by one, without a listdir
-_pid_max: list[int] = []  # /proc/sys/kernel/pid_max, read once
+
+
+@functools.cache
+def _pid_max() -> int | None:
+    """/proc/sys/kernel/pid_max, read once per process (a sysctl that is set at boot in practice)."""
+    limit = _read_proc("/proc/sys/kernel/pid_max")
+    return int(limit) if limit is not None and limit.strip().isdigit() else None
 
 
 def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], bool] | None, range | None]:
@@ -193,15 +200,11 @@ def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], 
     if before is None:
         return None, None
     now = pid_counters()
-    last = _read_proc("/proc/sys/kernel/ns_last_pid")
-    if not _pid_max:
-        limit = _read_proc("/proc/sys/kernel/pid_max")
-        if limit is not None and limit.strip().isdigit():
-            _pid_max.append(int(limit))
+    last, limit = _read_proc("/proc/sys/kernel/ns_last_pid"), _pid_max()
     try:
-        assert now is not None and last is not None and _pid_max
+        assert now is not None and last is not None and limit is not None
         last_pid = int(last)
-        window = pid_window(pgid, before, now[0], last_pid, _pid_max[0])
+        window = pid_window(pgid, before, now[0], last_pid, limit)
     except (AssertionError, ValueError):
         return None, None
     span = (range(pgid, last_pid + 1) if window is not None and pgid <= last_pid < pgid + _SPAN_PROBE
