@@ -3,11 +3,13 @@
 Every command prints a response-v2 envelope with ``--json`` (``success``, ``data``, ``error``,
 ``meta.version == "response-v2"``) and human text otherwise. Exit codes: 0 success (every task
 complete), 2 bad input (invalid plan, unknown campaign, bad configuration), 3 finished with
-blocked tasks, 4 returned from ERROR, 1 internal error, 130 cancelled (resumable).
+blocked tasks, 4 returned from ERROR, 1 internal error, 75 stopped because the Ray cluster
+was lost (resumable), 130 cancelled (resumable).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import signal
@@ -140,11 +142,19 @@ def _runner(repo: Path, config_path: Path | None, as_json: bool, **overrides: An
     return Runner(repo, config, on_event=EventMetrics(then=listener)), view
 
 
-def _run_with(view: Any, action: Callable[[], Any], metrics_file: Path | None) -> Any:
-    """Run ``action`` inside the live view (if any); write the metrics file however it ends."""
+def _run_with(view: Any, action: Callable[[], Any], metrics_file: Path | None,
+              as_json: bool) -> Any:
+    """Run ``action`` inside the live view (if any); write the metrics file however it ends.
+
+    With ``--json`` standard output carries the envelope and nothing else: whatever a library
+    prints there during the run (Ray prints its cluster's error messages to ``sys.stdout``)
+    goes to standard error instead."""
     try:
         if view is not None:
             with view:
+                return action()
+        if as_json:
+            with contextlib.redirect_stdout(sys.stderr):
                 return action()
         return action()
     finally:
@@ -168,7 +178,7 @@ def _finish(result: Any, as_json: bool) -> int:
     if blocked:
         warnings.append(envelope.Warning("PARTIAL_FAILURE",
                                          f"{blocked} of {result.summary.get('total')} tasks blocked"))
-    if result.outcome == "returned":
+    if result.outcome in ("returned", "stopped"):  # stopped: the executor was lost (resumable)
         error = result.summary.get("error", {})
         payload = envelope.failure(FtlError(error.get("error_type", "internal_error"),
                                             error.get("details"), message=error.get("message")))
@@ -217,7 +227,8 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     """Run a campaign to its end.
 
     Prints the campaign summary (or a response-v2 envelope with --json). Exit 0 every task
-    complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 130 cancelled.
+    complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 75 stopped, the
+    Ray cluster lost (resumable); 130 cancelled.
     """
     intent = _record_intent(repo, objective, plan_file, revised_plan)
     try:
@@ -242,7 +253,7 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
                                                   revised_plan_input=revised_input,
-                                                  intent=intent), metrics_file)
+                                                  intent=intent), metrics_file, as_json)
     return _finish(result, as_json)
 
 
@@ -300,7 +311,7 @@ def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, confi
                            executor_kind=executor_kind, ray_address=ray_address)
     runner.wait_for_leftovers = not kill_leftovers
     _sigterm_as_interrupt()
-    result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file)
+    result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file, as_json)
     return _finish(result, as_json)
 
 
@@ -446,7 +457,7 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
     runner, view = _runner(repo, config_path, as_json, server=server)
     _sigterm_as_interrupt()
     result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input, flow=Flow.TASK),
-                       metrics_file)
+                       metrics_file, as_json)
     return _finish(result, as_json)
 
 

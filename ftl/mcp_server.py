@@ -241,11 +241,12 @@ def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, call: Cal
 
 def _run_outcome(result: Any, cid: str) -> Outcome:
     """The envelope of a finished run (the CLI's `--json` shape): blocked tasks are a
-    ``PARTIAL_FAILURE`` warning; a return from ERROR is an ``isError`` result."""
+    ``PARTIAL_FAILURE`` warning; a return from ERROR, or a run stopped because its Ray cluster
+    was lost (resumable), is an ``isError`` result."""
     summary = result.summary if isinstance(result.summary, dict) else {}
     if result.outcome == "cancelled":
         raise FtlError("cancelled")
-    if result.outcome == "returned":
+    if result.outcome in ("returned", "stopped"):
         error = summary.get("error") or {}
         failed = envelope.failure(FtlError(str(error.get("error_type") or "internal_error"),
                                            error.get("details"), message=error.get("message")),

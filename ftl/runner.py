@@ -14,8 +14,13 @@ One process drives a repository's campaign at a time: `Runner.start` and `Runner
 an exclusive ``flock`` on ``.ftl/run.lock`` for the whole drive (a second process gets
 ``conflict`` naming the holder's pid). The lock dies with its process, so ``kill -9`` frees it.
 
+A lost executor (the Ray cluster went away) is not the campaign's error either: the state that
+finds it raises `RunStopped`, and the run ends ``stopped`` (resumable) with its tasks back to
+pending, so `ftl campaign resume` continues once the cluster is back.
+
 Exit codes (FTL has none; these are ftl's): 0 every task complete, 3 finished with blocked
-tasks, 4 returned from ERROR, 130 cancelled.
+tasks, 4 returned from ERROR, 75 stopped because the executor was lost (resumable; sysexits'
+EX_TEMPFAIL), 130 cancelled.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ _LOG = logging.getLogger("ftl")
 
 EXIT_OK, EXIT_BLOCKED, EXIT_RETURNED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 3, 4, 2, 130
 EXIT_STOPPED = 1  # an error outside any state stopped the run (the CLI's internal-error code)
+EXIT_UNAVAILABLE = 75  # the executor was lost; resume later (sysexits.h EX_TEMPFAIL)
 MAX_ERROR_ENTRIES = 5
 LOCK_FILE = "run.lock"
 #: Key in the stored tracked variables: a re-plan was merged and EXECUTE has not started on it
@@ -68,6 +74,20 @@ class Finish:
     outcome: str
     exit_code: int
     summary: dict[str, Any]
+
+
+class RunStopped(Exception):
+    """Raised by a state handler to stop the run resumably: the campaign stays active, its
+    interrupted tasks are pending again, and ``RUN_END`` says why (outcome ``stopped``).
+
+    Args:
+        error: what stopped it (e.g. ``worker_lost`` with ``{"cluster": "lost"}``); its
+            message and safe details become the run's summary.
+    """
+
+    def __init__(self, error: FtlError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 @dataclass
@@ -533,7 +553,7 @@ class Runner:
                                         error=_error_record(run.error))
                 try:
                     step = HANDLERS[state](run)
-                except KeyboardInterrupt:
+                except (KeyboardInterrupt, RunStopped):
                     raise
                 except BaseException as exc:  # noqa: BLE001 - every failure goes to ERROR
                     returned = self._fail(run, machine, state, exc)
@@ -558,6 +578,18 @@ class Runner:
             return RunResult(run.campaign_id, "cancelled", EXIT_CANCELLED,
                              {"message": "cancelled; run `ftl campaign resume` to continue"},
                              run.log.path)
+        except RunStopped as stop:
+            run.cancel.set()
+            error = stop.error
+            if not run.ended:
+                self._end(run, outcome="stopped", exit_code=EXIT_UNAVAILABLE, resumable=True,
+                          reason=error.error_type, error_type=error.error_type,
+                          details=error.safe_details())
+            return RunResult(run.campaign_id, "stopped", EXIT_UNAVAILABLE, {
+                "error": {"error_type": error.error_type, "message": error.message,
+                          "details": error.safe_details()},
+                "message": f"{error.message} Stopped; the campaign is resumable: "
+                           "run `ftl campaign resume` once the cluster is back."}, run.log.path)
         except BaseException as exc:
             # Outside any state (saving the machine, finishing the campaign): nothing to route
             # it to. The campaign stays active and resumable; the log still gets its end.

@@ -7,7 +7,9 @@ ERROR to CASCADE. Task status is written in the scheduler thread before each sta
 (pending -> running, ``TASK_START``) and after each end (``TASK_END``), so the store and the log
 never disagree about what ran. Both events say where: ``node`` ``"driver"`` for a task run on
 this machine; a task sent to a Ray cluster gets its node from ``TASK_PLACED`` (the node is
-Ray's choice, known once the attempt starts there) and again in ``TASK_END``.
+Ray's choice, known once the attempt starts there) and again in ``TASK_END``. A lost cluster
+(`ftl.executors.ray_cluster.RayCluster.lost`) cancels the scheduler; the state then raises
+`ftl.runner.RunStopped` and the run ends resumable, its tasks pending.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import Next, Run
-from ftl.scheduler import Scheduler, TaskOutcome, critical_path_priority
+from ftl.runner import Next, Run, RunStopped
+from ftl.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
 
 #: An agent builder's cost fields, copied from a task's outcome into its TASK_END (issue 12).
 AGENT_COST_KEYS = ("total_cost_usd", "num_turns", "duration_api_ms", "usage", "session_id")
@@ -87,8 +89,16 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
     # Not the task's timeout: a limit, often the same for every task, which flattens the order
     # to chain length (0.943 of the bound on the 18-task DAG against 0.973, bench_priority.py).
     durations = {r["seq"]: r["spec"].get("budget", 5) * run.config.seconds_per_budget for r in rows}
+    token = CancelToken()
+    # A lost cluster cancels the run (its tasks go back to pending), then stops it resumably.
+    executor = run.cluster.executor(on_lost=token.cancel) if run.cluster is not None else None
     scheduler = Scheduler(deps, jobs=jobs, run_task=lambda seq, token, worker: run_task(run, seq, token, worker),
                           on_start=on_start, on_finish=on_finish, done=done, blocked=blocked,
-                          priority=critical_path_priority(deps, durations),
-                          executor=run.cluster.executor() if run.cluster is not None else None)
-    return scheduler.run()
+                          priority=critical_path_priority(deps, durations), cancel=token,
+                          executor=executor)
+    outcomes = scheduler.run()
+    if run.cluster is not None and run.cluster.lost is not None:
+        raise RunStopped(FtlError("worker_lost", {"cause": run.cluster.lost},
+                                  message=f"The Ray cluster at {run.cluster.address} was lost "
+                                          f"({run.cluster.lost})."))
+    return outcomes

@@ -204,11 +204,20 @@ def _proc_stat(pid: str) -> tuple[str, int] | None:
 
 
 def _carries(pid: str, token: bytes) -> bool:
-    """True when the process's environment holds the trial's token (so it is the trial's)."""
-    try:
-        return token in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return False
+    """True when the process's environment holds the trial's token (so it is the trial's).
+
+    A process that has just exec'd can show an empty environ for a moment (the kernel lets
+    the parent go on before it has laid out the new image's environment): an empty read is
+    tried again for up to 0.5 s. A process whose environment really is empty has no token."""
+    for _ in range(500):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            return False
+        if environ:
+            return token in environ.split(b"\0")
+        time.sleep(0.001)
+    return False
 
 
 def trial_processes(pgids: set[int], token: bytes) -> list[int]:

@@ -217,6 +217,25 @@ def test_campaign_returned_from_error_is_an_is_error_result_with_its_summary(tmp
     assert env["data"]["remediation"] and env["error"]
 
 
+def test_a_run_stopped_by_a_lost_cluster_is_an_is_error_result_that_says_how_to_resume() -> None:
+    """The runner's ``stopped`` outcome (tests/test_ray_outage.py drives the real one) is not a
+    success: the agent gets the error and the resume hint, and the exit code says resumable."""
+    from ftl.mcp_server import _run_outcome
+    from ftl.runner import EXIT_UNAVAILABLE, RunResult
+
+    error = FtlError("worker_lost", {"cause": "the head at 10.0.0.5:6379 refuses connections"},
+                     message="The Ray cluster at 10.0.0.5:6379 was lost.")
+    summary = {"error": {"error_type": error.error_type, "message": error.message,
+                         "details": error.safe_details()},
+               "message": error.message + " Stopped; run `ftl campaign resume` once the cluster is back."}
+    outcome = _run_outcome(RunResult("c-1", "stopped", EXIT_UNAVAILABLE, summary, Path("c-1.jsonl")), "c9")
+    assert outcome.is_error
+    assert outcome.envelope["success"] is False
+    assert outcome.envelope["data"]["ftl_error_type"] == "worker_lost"
+    assert outcome.envelope["data"]["exit_code"] == EXIT_UNAVAILABLE == 75
+    assert "ftl campaign resume" in outcome.envelope["data"]["summary"]["message"]
+
+
 # --------------------------------------------------------------------------- agent errors (isError)
 
 def test_a_plan_with_a_cycle_is_an_is_error_result_the_agent_can_fix(tmp_path: Path) -> None:

@@ -8,7 +8,11 @@ such a call uses to send an attempt away and wait for it (`ftl.executors.remote_
 Ray's own retries are off (``max_retries=0``, ``retry_exceptions=False``): every try is ftl's,
 emitted and classified like any other failure. A lost worker or node (`WORKER_LOST_ERRORS`) is
 the transient error ``worker_lost``; the recovery protocol retries it once, then the task
-blocks. Cancel (Ctrl-C) cancels the running Ray tasks (politely, so the command's process
+blocks. A lost *cluster* is not a task's failure: when the head node no longer accepts
+connections (probed every `WATCH_S` while connected, and at once after a lost worker:
+`RayCluster.lost`), the run's ``on_lost`` cancels every task (they go back to pending) and the
+runner stops the run resumably, before Ray's driver, which waits a minute for its head, would
+end this whole process. Cancel (Ctrl-C) cancels the running Ray tasks (politely, so the command's process
 group is stopped, then by force). A driver killed outright takes its Ray tasks with it (Ray ends
 a job's tasks when its driver goes); a result is only ever read by the call that sent it, and a
 resume finds what a dead driver's attempts left as commits (``reuse_commit``). With a ``ray://``
@@ -37,7 +41,7 @@ from ftl.executors.base import Health
 from ftl.executors.local import LocalExecutor
 
 __all__ = ["RayCluster", "RayExecutor", "remote_attempt", "forget_campaign", "INSTALL_HINT",
-           "CANCEL_GRACE_S"]
+           "CANCEL_GRACE_S", "WATCH_S", "LOST_AFTER"]
 
 _LOG = logging.getLogger("ftl.executors.ray")
 INSTALL_HINT = "pip install 'ftl-runner[ray]'"
@@ -48,6 +52,10 @@ CANCEL_GRACE_S = 5.0
 #: Links per segment of the bundle chain (see `RayCluster._chain_to`).
 CHAIN_SEGMENT = 32
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
+#: How often the driver probes the head while connected, s; the cluster is lost after
+#: `LOST_AFTER` refusals in a row (Ray's driver gives the head 60 s, then ends the process).
+WATCH_S = 1.0
+LOST_AFTER = 2
 
 
 def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -157,12 +165,79 @@ class RayCluster:
             "RaySystemError", "OutOfMemoryError") if hasattr(rex, name))
         self._task_cancelled = rex.TaskCancelledError
         self._task_error = rex.RayTaskError
+        # The head's GCS, probed by `_watch`: the driver talks to it directly, so it answers
+        # here. Not with Ray Client (``ray://``), where the server talks to it for us.
+        self._gcs: str | None = None
+        if "://" not in address:
+            try:
+                self._gcs = ray.get_runtime_context().gcs_address
+            except Exception:  # noqa: BLE001 - unknown: a lost worker stays a task's failure
+                pass
+            if self._gcs and not self._head_answers():
+                self._gcs = None  # not reachable as a plain TCP address from here: no probe
+        #: Why the whole cluster is lost (its head refuses connections), else None.
+        self.lost: str | None = None
+        self._on_lost: Callable[[], None] | None = None
+        self._closed = threading.Event()
+        self._watchdog: threading.Thread | None = None
 
-    def executor(self) -> RayExecutor:
-        """A fresh executor (driver threads) for one scheduler run on this cluster."""
+    def executor(self, on_lost: Callable[[], None] | None = None) -> RayExecutor:
+        """A fresh executor (driver threads) for one scheduler run on this cluster.
+
+        Args:
+            on_lost: called once when the whole cluster is gone (`lost`); the runner passes
+                its scheduler's cancel, so no task starts and the running ones end
+                ``cancelled`` (resumable), not blocked.
+        """
         with self._lock:
-            self._cancelled = False
+            self._cancelled = self.lost is not None
+            self._on_lost = on_lost
+            if self._watchdog is None and self._gcs:
+                self._watchdog = threading.Thread(target=self._watch, name="ftl-ray-watch",
+                                                  daemon=True)
+                self._watchdog.start()
         return RayExecutor(self)
+
+    def _head_answers(self, timeout_s: float = 1.0) -> bool:
+        """Whether the head's GCS accepts a TCP connection (True when its address is unknown)."""
+        if not self._gcs:
+            return True
+        host, _, port = self._gcs.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return True
+        except (OSError, ValueError):
+            return False
+
+    def _watch(self) -> None:
+        """Probe the head every `WATCH_S` while connected. Ray's driver waits a minute for a
+        GCS that went away and then ends this whole process; `LOST_AFTER` refusals in a row
+        (a head that crashed or was stopped) mark the cluster lost well before that, so the
+        run can stop resumably and `shutdown` can disconnect in time."""
+        refusals = 0
+        while not self._closed.wait(WATCH_S):
+            refusals = 0 if self._head_answers() else refusals + 1
+            if refusals >= LOST_AFTER:
+                self._mark_lost(f"the head at {self._gcs} refuses connections")
+                return
+
+    def _check_cluster(self, cause: str) -> None:
+        """After a lost worker: a head that refuses connections too means the cluster is lost
+        (the watchdog would find it a moment later; this is the fast path)."""
+        if self.lost is None and not self._head_answers():
+            self._mark_lost(f"{cause}; the head at {self._gcs} refuses connections")
+
+    def _mark_lost(self, why: str) -> None:
+        """Record why the cluster is lost, stop sending work, and tell the run (once)."""
+        with self._lock:
+            if self.lost is not None:
+                return
+            self.lost = why
+            self._cancelled = True
+            on_lost = self._on_lost
+        _LOG.error("Ray cluster at %s lost: %s", self.address, why)
+        if on_lost is not None:
+            on_lost()
 
     def cancel(self) -> None:
         """Cancel every attempt in flight (idempotent); their calls end ``cancelled``.
@@ -175,7 +250,7 @@ class RayCluster:
         """
         with self._lock:
             self._cancelled = True
-            running = list(self._inflight.values())
+            running = [] if self.lost is not None else list(self._inflight.values())
         for generator in running:
             self._stop(generator, force=False)
 
@@ -203,6 +278,8 @@ class RayCluster:
             self._stop(generator, force=True)
 
     def heartbeat(self) -> Health:
+        if self.lost is not None:  # no Ray call: it would wait for the head for a minute
+            return Health("ray", False, [], 0, f"Ray cluster at {self.address}: lost ({self.lost})")
         try:
             nodes = [{"node": n["NodeID"][:12], "address": n.get("NodeManagerAddress", ""),
                       "cpus": float((n.get("Resources") or {}).get("CPU", 0.0))}
@@ -218,6 +295,8 @@ class RayCluster:
         """At a campaign's end: remove its history cache and any attempt checkouts a killed
         worker left, on every live node. Returns the entries removed; never raises (a node
         that does not answer keeps its leftovers until its temporary folder is cleaned)."""
+        if self.lost is not None:
+            return 0
         try:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -233,6 +312,7 @@ class RayCluster:
 
     def shutdown(self) -> None:
         """Disconnect (the cluster keeps running); idempotent."""
+        self._closed.set()
         with self._chain_lock:
             self._segments.clear()
         try:
@@ -270,6 +350,8 @@ class RayCluster:
         """
         request.setdefault("attempt_id", uuid.uuid4().hex)
         attempt_id = request["attempt_id"]
+        if self._cancelled:  # before any Ray call: a lost cluster would hold it for a minute
+            raise FtlError("cancelled", {"what": f"task {request['seq']}"})
         largest = self._largest_node_cpus()
         if largest is not None and num_cpus > largest:  # it would wait in Ray's queue forever
             raise FtlError("configuration_error", {
@@ -295,7 +377,9 @@ class RayCluster:
             on_placed(placed)
             result = self._next(generator, cancel, deadline, request)
         finally:
-            if result is None:  # cancelled, timed out, lost, or on_placed raised: stop it
+            # Cancelled, timed out, lost, or on_placed raised: stop it (nothing to stop, and
+            # no Ray call to make, once the whole cluster is gone).
+            if result is None and self.lost is None:
                 self._stop_and_wait(generator)
             with self._lock:
                 self._inflight.pop(attempt_id, None)
@@ -362,6 +446,7 @@ class RayCluster:
                         "timeout_s": float(request["timeout_s"]) + float(request["verify_timeout_s"])
                         + _DEADLINE_SLACK_S})
         except StopIteration:
+            self._check_cluster("the attempt ended without a result")
             raise FtlError("worker_lost", {"seq": seq, "cause": "the attempt ended without a "
                                                                 "result"}) from None
         except self._task_cancelled:
@@ -369,6 +454,7 @@ class RayCluster:
         except self._lost as exc:
             if cancel.is_set() or self._cancelled:  # a force-cancel kills the worker: not lost
                 raise FtlError("cancelled", {"what": f"task {seq}"}) from None
+            self._check_cluster(type(exc).__name__)
             raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
         except self._task_error as exc:
             # The node's message may name its paths: the log gets it, a response never does.
