@@ -279,7 +279,7 @@ def _campaign(store: Any, campaign_id: str | None) -> dict[str, Any] | None:
 
 
 def _status(server: "FtlMcpServer", args: CampaignStatusArgs, call: CallContext) -> Outcome:
-    from ftl.status import campaign_status
+    from ftl.engine.status import campaign_status
 
     data = campaign_status(server.resolve_repo(args.repo), args.campaign_id)
     return Outcome(envelope.success(data or {"status": "none"}, request_id=call.correlation_id))
@@ -416,7 +416,7 @@ class FtlMcpServer:
             gate every call.
         metrics: counters (default: the process-wide `ftl.telemetry.metrics.METRICS`).
         runner_factory: ``factory(repo, config, on_event=...) -> Runner`` (default
-            `ftl.runner.Runner`; tests pass one with an in-process tool server).
+            `ftl.engine.runner.Runner`; tests pass one with an in-process tool server).
         gatekeeper: an object with ``visible(tool) -> bool`` and ``check(call)`` to use instead
             of building `ftl.gate.Gatekeeper` from ``[gates]``.
         correlation: correlation id source (default: a fresh `CorrelationIds`).
@@ -438,7 +438,7 @@ class FtlMcpServer:
         self.config: Config = load_config(config_path, self.repo)
         self.metrics = metrics if metrics is not None else METRICS
         if runner_factory is None:
-            from ftl.runner import Runner
+            from ftl.engine.runner import Runner
 
             runner_factory = Runner
         self.runner_factory = runner_factory

@@ -17,8 +17,8 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import Next, Run
-from ftl.scheduler import Scheduler, TaskOutcome, critical_path_priority
+from ftl.engine.runner import Next, Run
+from ftl.engine.scheduler import Scheduler, TaskOutcome, critical_path_priority
 
 #: An agent builder's cost fields, copied from a task's outcome into its TASK_END (issue 12).
 AGENT_COST_KEYS = ("total_cost_usd", "num_turns", "duration_api_ms", "usage", "session_id")

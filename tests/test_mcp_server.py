@@ -38,7 +38,7 @@ from ftl.errors import FtlError
 from ftl.surfaces.jsonrpc import CorrelationIds
 from ftl.mcp_server import TOOLS, FtlMcpServer, mcp
 from ftl.telemetry.metrics import Metrics
-from ftl.runner import Runner, connect_in_process
+from ftl.engine.runner import Runner, connect_in_process
 
 SECRETS = ("hunter2", "abc123def456ghi")
 PLANTED = "password=hunter2 Authorization: Bearer abc123def456ghi"

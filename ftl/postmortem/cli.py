@@ -182,7 +182,7 @@ def diagram() -> None:
 @click.option("--flow", type=click.Choice(["campaign", "task"]), default="campaign", show_default=True)
 def diagram_machine(flow: str) -> None:
     """Print the state machine as Mermaid stateDiagram-v2 (from the transitions table)."""
-    from ftl.machine import Flow, mermaid
+    from ftl.engine.machine import Flow, mermaid
 
     click.echo(mermaid(Flow(flow)), nl=False)
 
