@@ -36,7 +36,7 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from ftl.errors import FtlError
 from ftl.surfaces.jsonrpc import CorrelationIds
-from ftl.mcp_server import TOOLS, FtlMcpServer, mcp
+from ftl.surfaces.mcp_server import TOOLS, FtlMcpServer, mcp
 from ftl.telemetry.metrics import Metrics
 from ftl.engine.runner import Runner, connect_in_process
 
@@ -515,7 +515,7 @@ def test_sdk_stdio_client_against_ftl_mcp(tmp_path: Path) -> None:
 
 
 def test_ftl_mcp_is_a_cli_command_and_refuses_a_bad_repo(tmp_path: Path) -> None:
-    from ftl.cli import main
+    from ftl.surfaces.cli import main
 
     assert main.commands["mcp"] is mcp
     result = CliRunner().invoke(main, ["mcp", "--repo", str(tmp_path / "missing")])

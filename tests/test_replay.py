@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftl import events as ev
-from ftl.cli import main as ftl_main
+from ftl.surfaces.cli import main as ftl_main
 from ftl.errors import FtlError
 from ftl.engine.recovery import RecoveryProtocol, RetryPolicy, escalate_flaky
 from ftl.postmortem.replay import RULES, Replay, diff_decisions, render_diff_text, render_text, replay

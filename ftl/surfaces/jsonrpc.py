@@ -21,7 +21,7 @@ Wire shape (ThoughtGate REQ-CORE-004, errors-and-gates reference §1.7)::
   log under the correlation id, never to the client), and an error raised while building an
   error object yields `bare_internal_error` (ThoughtGate EC-ERR-001).
 
-This module knows nothing of the MCP SDK: `ftl.mcp_server` turns these dicts into ``MCPError``.
+This module knows nothing of the MCP SDK: `ftl.surfaces.mcp_server` turns these dicts into ``MCPError``.
 """
 
 from __future__ import annotations

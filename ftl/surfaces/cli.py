@@ -18,7 +18,7 @@ from typing import Any, Callable
 import click
 
 from ftl.surfaces import envelope
-from ftl.clickutil import LazyGroup, usage_error
+from ftl.surfaces.clickutil import LazyGroup, usage_error
 from ftl.errors import FtlError
 
 EXIT_INTERNAL = 1
@@ -451,7 +451,7 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 
 
 def _register_optional_commands() -> None:
-    """Commands whose modules are heavy, imported only when they run (`ftl.clickutil.LazyGroup`);
+    """Commands whose modules are heavy, imported only when they run (`ftl.surfaces.clickutil.LazyGroup`);
     the summaries are their help's first paragraph (tests/test_cold_start.py keeps them equal)."""
     main.add_lazy_command("replay", "ftl.postmortem.cli:replay_command",
                           "Rebuild a campaign's run from its event log(s) and check the protocol's invariants.")
@@ -460,7 +460,7 @@ def _register_optional_commands() -> None:
     main.add_lazy_command("serve", "ftl.server.serve:serve",
                           "Run ftl's embedded MangleCP server (protocol 2026-02-draft).")
     # the MCP surface is optional: without its module (or the mcp SDK) `ftl mcp` is unknown
-    main.add_lazy_command("mcp", "ftl.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
+    main.add_lazy_command("mcp", "ftl.surfaces.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
 
 
 _register_optional_commands()  # `python -m ftl` (ftl/__main__.py) runs `main`

@@ -29,7 +29,7 @@ first use; configured but not importable -> ``configuration_error``) with source
 configuration (``--config`` or ``<repo>/ftl.toml`` at start), never from a repository a call
 names, so a caller cannot pick a repository without gates to escape them.
 
-Run ``ftl mcp [--repo DIR] [--config FILE]`` (or ``python -m ftl.mcp_server``). Logs are JSON
+Run ``ftl mcp [--repo DIR] [--config FILE]`` (or ``python -m ftl.surfaces.mcp_server``). Logs are JSON
 lines on stderr (`ftl.telemetry.logs`); stdout carries only the protocol.
 """
 
@@ -721,5 +721,5 @@ def mcp(repo: Path, config_path: Path | None, log_level: str, log_file: Path | N
     anyio.run(server.serve_stdio)
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m ftl.mcp_server`
+if __name__ == "__main__":  # pragma: no cover - `python -m ftl.surfaces.mcp_server`
     mcp()
