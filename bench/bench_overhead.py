@@ -1,6 +1,6 @@
 """Benchmark: the runner's own cost per task, and its schedule on a DAG of short sleep tasks.
 
-Two measurements on real campaigns (`ftl.runner.Runner`, the real store, event log, tool server
+Two measurements on real campaigns (`ftl.engine.runner.Runner`, the real store, event log, tool server
 and shell builder), each in a fresh git repository under a temporary directory:
 
 * ``overhead``: a chain of ``--tasks`` tasks (jobs 1) whose run and verify commands are ``true``.
@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftl.config import Config  # noqa: E402
 from ftl.events import read_events  # noqa: E402
-from ftl.runner import Runner, connect, connect_in_process  # noqa: E402
+from ftl.engine.runner import Runner, connect, connect_in_process  # noqa: E402
 
 DAG_SEED = 11
 DAG_TASKS = 18
@@ -173,12 +173,12 @@ def simulate(plan: dict[str, Any], durations: dict[str, float], jobs: int,
     """Span (s) of a list schedule with zero overhead: whenever a lane is free, the ready task
     with the lowest ``priority(seq)`` starts (ties by seq) and runs for ``durations[seq]``.
 
-    ``priority`` None: the runner's own rule, `ftl.scheduler.critical_path_priority` over the
+    ``priority`` None: the runner's own rule, `ftl.engine.scheduler.critical_path_priority` over the
     budgets (states/execute.py feeds it budget x seconds_per_budget, the same order).
     ``bound / sim`` is what the start order allows; ``sim / span`` is what the runner's own
     work costs.
     """
-    from ftl.scheduler import critical_path_priority
+    from ftl.engine.scheduler import critical_path_priority
 
     deps = {t["seq"]: (t["depends"] if isinstance(t["depends"], list) else []) for t in plan["tasks"]}
     if priority is None:

@@ -13,7 +13,7 @@ shorter / longer than the adopted rule's (``ftl``); ``z`` = (wins - losses) / sq
 losses), a sign test: |z| < 2 is noise.
 
 Rules (keys sort ascending; every rule ends with the seq):
-  ftl          `ftl.scheduler.critical_path_priority` (the adopted rule): bottom level, then the
+  ftl          `ftl.engine.scheduler.critical_path_priority` (the adopted rule): bottom level, then the
                work of the direct dependents
   cp           bottom level, then seq (the rule before)
   cp+succwork  bottom level, then the work of all descendants (transitive)
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_overhead import DAG_JOBS, DAG_SEED, DAG_TASKS, dag_plan, lower_bound_s, simulate  # noqa: E402
 from ftl.dag import descendants  # noqa: E402
-from ftl.scheduler import critical_path_priority  # noqa: E402
+from ftl.engine.scheduler import critical_path_priority  # noqa: E402
 
 Deps = dict[str, list[str]]
 Key = Callable[[str], Any]

@@ -1,7 +1,7 @@
 """Benchmark: how close the dynamic scheduler gets to the best possible wall time, vs FTL waves.
 
 For each seeded random DAG of sleep tasks, the script runs the tasks three times with real
-threads: with `ftl.scheduler.Scheduler` in its default start order (lowest ready seq first),
+threads: with `ftl.engine.scheduler.Scheduler` in its default start order (lowest ready seq first),
 with the same scheduler given `critical_path_priority` (the ready task heading the longest
 remaining chain first), and with FTL-style waves (run the whole ready set, at most `jobs` at
 once, wait for all of it, repeat). Each wall time is compared with the lower bound
@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ftl.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority  # noqa: E402
+from ftl.engine.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority  # noqa: E402
 
 try:  # ftl.dag is written separately; use it when it is there
     from ftl.dag import critical_path as _dag_critical_path  # type: ignore[attr-defined]
@@ -96,7 +96,7 @@ def simulate_greedy(deps: Deps, durations: dict[str, float], jobs: int) -> float
 
 
 def run_dynamic(deps: Deps, durations: dict[str, float], jobs: int, priority=None) -> float:
-    """Wall time in s of the sleep tasks under ftl.scheduler.Scheduler."""
+    """Wall time in s of the sleep tasks under ftl.engine.scheduler.Scheduler."""
     def run_task(seq: str, token: CancelToken, worker: str) -> TaskOutcome:
         time.sleep(durations[seq])
         return TaskOutcome(seq, "complete")

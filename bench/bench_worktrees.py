@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftl.config import Config  # noqa: E402
 from ftl.events import read_events  # noqa: E402
-from ftl.runner import Runner, connect_in_process  # noqa: E402
+from ftl.engine.runner import Runner, connect_in_process  # noqa: E402
 from ftl.vcs.worktrees import Worktrees  # noqa: E402
 
 TARGET_MS = 100.0

@@ -1,3 +1,3 @@
-from ftl.cli import main
+from ftl.surfaces.cli import main
 
 main()

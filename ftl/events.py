@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterable, Iterator
 import jsonlines
 from pydantic import BaseModel, ConfigDict, Field
 
-from ftl.surfaces.sanitize import scrub_value
+from ftl.sanitize import scrub_value
 
 # Event names (FTL's where FTL had one; §2.6 of the behaviour reference).
 RUN_START = "RUN_START"

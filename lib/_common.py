@@ -57,9 +57,9 @@ import os  # noqa: E402
 import click  # noqa: E402
 
 from ftl.surfaces import envelope  # noqa: E402
-from ftl.clickutil import usage_error  # noqa: E402
+from ftl.surfaces.clickutil import usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
-from ftl.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
+from ftl.engine.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
 
 __all__ = [
     "EXIT_OK", "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_INTERRUPTED", "Reply", "Env", "script_group",

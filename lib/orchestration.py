@@ -2,7 +2,7 @@
 
 FTL orchestration.py (``shared/reference/ftl-behaviour.md`` §4.5). Sessions are campaigns (see
 ``lib/exploration.py``); transitions are checked against ftl's one state machine table
-(`ftl.machine.TRANSITIONS`), which FTL's unused validate-transition contradicted (§8.2 item
+(`ftl.engine.machine.TRANSITIONS`), which FTL's unused validate-transition contradicted (§8.2 item
 17); emitted states go to the campaign's event log (``.ftl/events/<campaign_id>.jsonl``), where
 FTL's events only ever reached a table nobody read. Output and exit codes: see
 ``lib/_common.py``.
@@ -120,7 +120,7 @@ def wait_explorers(env: Env, session: str, required: int | None, timeout_s: floa
 
 
 def _state(value: str, where: str) -> str:
-    from ftl.machine import State
+    from ftl.engine.machine import State
 
     name = value.strip().upper()
     if name not in State.__members__:
@@ -129,8 +129,8 @@ def _state(value: str, where: str) -> str:
 
 
 def transitions_between(source: str, dest: str) -> list[dict[str, Any]]:
-    """Every ``{flow, trigger, guard}`` of `ftl.machine.TRANSITIONS` moving ``source`` to ``dest``."""
-    from ftl.machine import TRANSITIONS
+    """Every ``{flow, trigger, guard}`` of `ftl.engine.machine.TRANSITIONS` moving ``source`` to ``dest``."""
+    from ftl.engine.machine import TRANSITIONS
 
     found = []
     for flow, rows in TRANSITIONS.items():
@@ -147,13 +147,13 @@ def transitions_between(source: str, dest: str) -> list[dict[str, Any]]:
 def validate_transition(env: Env, source: str, dest: str) -> Reply:
     """Whether the state machine can move FROM to TO (either flow; state names any case).
 
-    Valid iff some trigger of ftl.machine.TRANSITIONS does it (a guard may still refuse at run
+    Valid iff some trigger of ftl.engine.machine.TRANSITIONS does it (a guard may still refuse at run
     time; it is named). data: {valid, reason ("" when valid), transitions: [{flow, trigger,
     guard}], reachable: [states FROM can move to]}. Exit 0 either way; read data.valid (the FTL
     output mode exits 1 for invalid, as FTL did). An unknown state name -> VALIDATION_ERROR
     (exit 2; FTL output mode: {"valid": false, "reason": "Unknown state: X"}, exit 1).
     """
-    from ftl.machine import TRANSITIONS
+    from ftl.engine.machine import TRANSITIONS
 
     for value in (source, dest):
         if value.strip().upper() not in _STATE_NAMES():
@@ -175,7 +175,7 @@ def validate_transition(env: Env, source: str, dest: str) -> Reply:
 
 
 def _STATE_NAMES() -> set[str]:  # noqa: N802 - reads as the constant it stands for
-    from ftl.machine import State
+    from ftl.engine.machine import State
 
     return set(State.__members__)
 

@@ -7,7 +7,7 @@ gets a fresh workspace (FTL's ids were global, re-used across attempts and never
 status, §8.2 item 14). Workspaces belong to a campaign; ids are ``{seq}-{slug}`` plus an
 attempt number. Output and exit codes: see ``lib/_common.py``.
 
-Workspace object (every command): the workspace spec of `ftl.workspaces.build_workspace`
+Workspace object (every command): the workspace spec of `ftl.engine.workspaces.build_workspace`
 (workspace_id, campaign_id, seq, slug, type, attempt, objective, delta, creates, verify, run,
 budget, timeout_s, framework, idioms, lineage, prior_knowledge) plus FTL's ``id`` (=
 workspace_id), ``status`` (active | built | complete | blocked | cancelled | abandoned),
@@ -112,7 +112,7 @@ def _start(env: Env, cid: str, seq: str) -> dict:
 
 def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
     """Start ``seq`` (or pick up its running attempt) and record its workspace; return the view."""
-    from ftl.workspaces import build_workspace
+    from ftl.engine.workspaces import build_workspace
 
     row = env.store.task(cid, seq)
     if row["status"] == "running":
@@ -143,7 +143,7 @@ def _ftl_extras(env: Env, cid: str, task) -> dict[str, Any]:
     """What FTL's workspace carries beyond ftl's `Workspace`: verify_source, code_contexts of
     the delta files that exist (read here, at the edge), preflight, framework_confidence (the
     exploration's pattern confidence, else 0.5) and the task's pass-through fields."""
-    from ftl.workspaces import code_context, verify_source
+    from ftl.engine.workspaces import code_context, verify_source
 
     contexts = []
     for name in task.delta:

@@ -1,11 +1,11 @@
 """One module per state of the campaign machine (installed as ``ftl.states``).
 
 Each module's ``enter(run)`` says what happens on entry and returns the trigger to fire next
-(`ftl.runner.Next`) or the end of the run (`ftl.runner.Finish`). Handlers never fire triggers
+(`ftl.engine.runner.Next`) or the end of the run (`ftl.engine.runner.Finish`). Handlers never fire triggers
 themselves, so a failure can always move the machine to ERROR before anything else moves.
 """
 
-from ftl.machine import State
+from ftl.engine.machine import State
 from ftl.states import build, cascade, complete, error, execute, explore, init, observe, plan, register
 
 HANDLERS = {

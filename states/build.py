@@ -33,7 +33,7 @@ Checkpoints, so that a task's run command completes at most once across retries 
 
 Build and verify commands outlive a killed ftl (no parent-death signal, a ledger entry with a
 deadline): the shell still writes the checkpoint when the command ends, and the resume waits
-for such commands before anything runs again (`ftl.runner.Runner._reap_orphans`), so a
+for such commands before anything runs again (`ftl.engine.runner.Runner._reap_orphans`), so a
 command that was about to finish is not killed unrecorded and then repeated.
 
 The remaining at-least-once window: a run command may run again when the runner cannot know
@@ -67,17 +67,17 @@ from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.idioms import check_idioms, detected_frameworks, violation_error
-from ftl.machine import Flow
-from ftl.recovery import classify_command, classify_exception, escalate_flaky
-from ftl.runner import Next, Run
-from ftl.scheduler import CancelToken, TaskOutcome
+from ftl.engine.machine import Flow
+from ftl.engine.recovery import classify_command, classify_exception, escalate_flaky
+from ftl.engine.runner import Next, Run
+from ftl.engine.scheduler import CancelToken, TaskOutcome
 from ftl.states.execute import AGENT_COST_KEYS
-from ftl.status import agent_spend
-from ftl.tools import fact
+from ftl.engine.status import agent_spend
+from ftl.engine.tools import fact
 from ftl.vcs.scope import out_of_scope
 from ftl.vcs.git import GitError
 from ftl.vcs.worktrees import MergeConflict, spec_digest
-from ftl.workspaces import build_workspace
+from ftl.engine.workspaces import build_workspace
 
 BUILD_INTENT = "build_task"
 VERIFY_INTENT = "verify_task"
@@ -611,7 +611,7 @@ def _concurrent_paths(run: Run, seq: str,
 def _task_kind_facts(run: Run, task: Any) -> list[dict[str, Any]]:
     """The facts of a build or verify selection: the campaign's, and the task's kind without its
     seq (``task_kind``, ``run_given``, ``builder_kind``), so one selection serves every task of
-    the same kind while its macro-tools are valid (`ftl.tools.ToolClient`); the seq travels in
+    the same kind while its macro-tools are valid (`ftl.engine.tools.ToolClient`); the seq travels in
     the invocation's arguments (the workspace, the verifier's ``seq``). Issue 11 item 3."""
     facts = run.facts() + [fact("task_kind", task.type.value)]
     if task.run:

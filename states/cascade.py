@@ -33,10 +33,10 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import REPLAN_MERGED, Next, Run
-from ftl.replan import replan_input
+from ftl.engine.runner import REPLAN_MERGED, Next, Run
+from ftl.engine.replan import replan_input
 from ftl.states.register import registered
-from ftl.tools import fact
+from ftl.engine.tools import fact
 from ftl.validation import parse_plan
 
 

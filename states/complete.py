@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ftl.runner import EXIT_BLOCKED, EXIT_OK, Finish, Run
+from ftl.engine.runner import EXIT_BLOCKED, EXIT_OK, Finish, Run
 
 
 def enter(run: Run) -> Finish:

@@ -21,8 +21,8 @@ from typing import Any
 
 from ftl import events as ev
 from ftl.errors import FtlError, Route
-from ftl.machine import Flow
-from ftl.runner import EXIT_RETURNED, MAX_ERROR_ENTRIES, Finish, Next, Run
+from ftl.engine.machine import Flow
+from ftl.engine.runner import EXIT_RETURNED, MAX_ERROR_ENTRIES, Finish, Next, Run
 from ftl.states.complete import summarize
 
 

@@ -9,7 +9,7 @@ never disagree about what ran. Both events say where: ``node`` ``"driver"`` for 
 this machine; a task sent to a Ray cluster gets its node from ``TASK_PLACED`` (the node is
 Ray's choice, known once the attempt starts there) and again in ``TASK_END``. A lost cluster
 (`ftl.executors.ray_cluster.RayCluster.lost`) cancels the scheduler; the state then raises
-`ftl.runner.RunStopped` and the run ends resumable, its tasks pending.
+`ftl.engine.runner.RunStopped` and the run ends resumable, its tasks pending.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import Next, Run, RunStopped
-from ftl.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
+from ftl.engine.runner import Next, Run, RunStopped
+from ftl.engine.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
 
 #: An agent builder's cost fields, copied from a task's outcome into its TASK_END (issue 12).
 AGENT_COST_KEYS = ("total_cost_usd", "num_turns", "duration_api_ms", "usage", "session_id")

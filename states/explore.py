@@ -26,8 +26,8 @@ from pydantic import ValidationError
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.models import EXPLORER_MODES, ExplorerResult, quorum_met
-from ftl.runner import Next, Run
-from ftl.tools import fact
+from ftl.engine.runner import Next, Run
+from ftl.engine.tools import fact
 
 MODES = EXPLORER_MODES
 INTENT = "explore_codebase"

@@ -7,7 +7,7 @@ starts, fixing FTL's ambiguity of creating the campaign after EXPLORE began).
 from __future__ import annotations
 
 from ftl.errors import FtlError
-from ftl.runner import Next, Run
+from ftl.engine.runner import Next, Run
 
 
 def enter(run: Run) -> Next:

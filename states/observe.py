@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.runner import Next, Run
+from ftl.engine.runner import Next, Run
 
 
 def enter(run: Run) -> Next:

@@ -14,10 +14,10 @@ from typing import Any
 
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.machine import Flow
-from ftl.recovery import classify_command
-from ftl.runner import Next, Run
-from ftl.tools import fact
+from ftl.engine.machine import Flow
+from ftl.engine.recovery import classify_command
+from ftl.engine.runner import Next, Run
+from ftl.engine.tools import fact
 from ftl.validation import parse_plan
 
 INTENT = "plan_campaign"

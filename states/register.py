@@ -12,7 +12,7 @@ from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.models import Plan
-from ftl.runner import Next, Run
+from ftl.engine.runner import Next, Run
 
 
 def enter(run: Run) -> Next:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ftl.telemetry.metrics import EventMetrics, Metrics
 from ftl.telemetry.progress import describe
-from ftl.status import agent_spend
+from ftl.engine.status import agent_spend
 
 
 def test_task_end_cost_and_tokens_become_prometheus_counters() -> None:

@@ -21,11 +21,11 @@ from module_probe import run_script
 # Libraries a light command must never load (each costs 20-400 ms at start), and ftl's heavy rooms.
 HEAVY = ("pydantic", "pydantic_core", "clingo", "mcp", "starlette", "uvicorn", "cedarpy", "rich",
          "httpx", "prometheus_client", "jsonschema", "transitions", "jsonlines", "tenacity",
-         "ftl.models", "ftl.manglecp", "ftl.server", "ftl.runner", "ftl.mcp_server", "ftl.postmortem.replay")
+         "ftl.models", "ftl.manglecp", "ftl.server", "ftl.engine.runner", "ftl.surfaces.mcp_server", "ftl.postmortem.replay")
 
 _PROBE = """
 import json, sys
-from ftl.cli import main
+from ftl.surfaces.cli import main
 code = 0
 try:
     main.main(sys.argv[2:], prog_name="ftl", standalone_mode=True)
@@ -62,7 +62,7 @@ def repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_light_commands_import_no_heavy_module(repo: Path, argv: tuple[str, ...]):
     code, modules = _modules_after(repo, *argv)
     assert code == 0
-    assert "ftl.cli" in modules
+    assert "ftl.surfaces.cli" in modules
     assert _heavy(modules) == []
 
 
@@ -74,7 +74,7 @@ def test_the_guard_sees_a_heavy_import(repo: Path):
 
 
 def test_lazy_command_summaries_match_their_help():
-    from ftl.cli import main
+    from ftl.surfaces.cli import main
 
     for name, (path, summary) in main.lazy_commands.items():
         module, _, attribute = path.partition(":")
@@ -87,7 +87,7 @@ def test_lazy_command_summaries_match_their_help():
 
 
 def test_indexing_the_command_table_loads_a_lazy_command():
-    from ftl.clickutil import LazyGroup
+    from ftl.surfaces.clickutil import LazyGroup
 
     group = LazyGroup("g")
     group.add_lazy_command("serve", "ftl.server.serve:serve", "Run ftl's embedded MangleCP server.")

@@ -22,16 +22,16 @@ from typing import Any
 
 import pytest
 
-from ftl import runner as runner_module
+from ftl.engine import runner as runner_module
 from ftl.config import Config
 from ftl.errors import FtlError
 from ftl.events import read_events
-from ftl.machine import Flow, State
+from ftl.engine.machine import Flow, State
 from ftl.manglecp.client import MAX_RETRIES, ManglecpClient
 from ftl.manglecp.transport import InProcessTransport
 from ftl.models import Plan
 from ftl.postmortem.replay import replay
-from ftl.runner import Next, Runner
+from ftl.engine.runner import Next, Runner
 from ftl.server.app import build_server, connect as app_connect
 from ftl.states import HANDLERS
 from ftl.states import build as build_state
@@ -58,7 +58,7 @@ from pathlib import Path
 from ftl.config import Config
 from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.transport import InProcessTransport
-from ftl.runner import Runner
+from ftl.engine.runner import Runner
 from ftl.server.app import build_server
 from ftl.store import Store
 

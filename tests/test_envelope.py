@@ -11,7 +11,7 @@ import pytest
 from ftl.surfaces import envelope
 from ftl.surfaces.envelope import Warning
 from ftl.errors import REGISTRY, FtlError
-from ftl.surfaces.sanitize import REDACTED
+from ftl.sanitize import REDACTED
 
 REQUEST_ID = re.compile(r"^req_[0-9a-f]{16}$")
 

@@ -14,7 +14,7 @@ from typing import Any
 from ftl.config import Config
 from ftl.events import read_events
 from ftl.postmortem.replay import replay
-from ftl.runner import RunResult, Runner, connect_in_process
+from ftl.engine.runner import RunResult, Runner, connect_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_AGENT = ROOT / "tests" / "tools" / "fake_agent.py"

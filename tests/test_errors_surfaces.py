@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from ftl.surfaces import envelope, errors_doc, jsonrpc
 from ftl.telemetry import logs
 from ftl.errors import GATE_ORDER, REGISTRY, FtlError, kind
-from ftl.surfaces.sanitize import REDACTED, looks_internal, redact_paths, sanitize_text
+from ftl.sanitize import REDACTED, looks_internal, redact_paths, sanitize_text
 
 ROOT = Path(__file__).resolve().parents[1]
 ROWS = list(REGISTRY.values())

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftl import events as ev
-from ftl.surfaces.sanitize import REDACTED, scrub_value
+from ftl.sanitize import REDACTED, scrub_value
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TS_RE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

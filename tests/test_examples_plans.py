@@ -21,7 +21,7 @@ import pytest
 from ftl import dag
 from ftl.config import Config
 from ftl.models import Plan
-from ftl.recovery import classify_command
+from ftl.engine.recovery import classify_command
 from ftl.validation import load_plan_file
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"

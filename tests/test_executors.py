@@ -15,7 +15,7 @@ from ftl.config import load_config
 from ftl.errors import FtlError
 from ftl.executors.base import Executor, Finished
 from ftl.executors.local import LocalExecutor
-from ftl.scheduler import Scheduler, TaskOutcome
+from ftl.engine.scheduler import Scheduler, TaskOutcome
 
 FTL = str(Path(sys.executable).parent / "ftl")
 

@@ -13,7 +13,7 @@ import pytest
 from ftl.config import Config
 from ftl.events import read_events
 from ftl.postmortem.replay import replay
-from ftl.runner import Runner, connect_in_process
+from ftl.engine.runner import Runner, connect_in_process
 from ftl.states.explore import aggregate, check_result
 from ftl.errors import FtlError
 

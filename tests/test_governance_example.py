@@ -20,7 +20,7 @@ from ftl.gate import Gatekeeper
 from ftl.models import Plan
 from ftl.postmortem.replay import replay
 from ftl.server.catalog import TOOL_SPECS
-from ftl.workspaces import build_workspace
+from ftl.engine.workspaces import build_workspace
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "governance"

@@ -1,4 +1,4 @@
-"""Tests for ftl.machine: every declared transition is reachable by firing triggers, illegal
+"""Tests for ftl.engine.machine: every declared transition is reachable by firing triggers, illegal
 moves raise invalid_state, ``fail`` reaches ERROR from every non-final state, and the diagram
 and the tracked variables are derived from the one definition (design.md §4)."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from ftl.errors import FtlError
-from ftl.machine import FINAL_STATES, TRANSITIONS, CampaignMachine, Flow, State, Tracked, mermaid
+from ftl.engine.machine import FINAL_STATES, TRANSITIONS, CampaignMachine, Flow, State, Tracked, mermaid
 
 GUARDS = ("clarifications_left", "plan_accepted", "replan_merged", "replan_from_error_allowed")
 

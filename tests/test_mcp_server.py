@@ -36,9 +36,9 @@ from mcp import Client, MCPError, StdioServerParameters
 
 from ftl.errors import FtlError
 from ftl.surfaces.jsonrpc import CorrelationIds
-from ftl.mcp_server import TOOLS, FtlMcpServer, mcp
+from ftl.surfaces.mcp_server import TOOLS, FtlMcpServer, mcp
 from ftl.telemetry.metrics import Metrics
-from ftl.runner import Runner, connect_in_process
+from ftl.engine.runner import Runner, connect_in_process
 
 SECRETS = ("hunter2", "abc123def456ghi")
 PLANTED = "password=hunter2 Authorization: Bearer abc123def456ghi"
@@ -220,8 +220,8 @@ def test_campaign_returned_from_error_is_an_is_error_result_with_its_summary(tmp
 def test_a_run_stopped_by_a_lost_cluster_is_an_is_error_result_that_says_how_to_resume() -> None:
     """The runner's ``stopped`` outcome (tests/test_ray_outage.py drives the real one) is not a
     success: the agent gets the error and the resume hint, and the exit code says resumable."""
-    from ftl.mcp_server import _run_outcome
-    from ftl.runner import EXIT_UNAVAILABLE, RunResult
+    from ftl.surfaces.mcp_server import _run_outcome
+    from ftl.engine.runner import EXIT_UNAVAILABLE, RunResult
 
     error = FtlError("worker_lost", {"cause": "the head at 10.0.0.5:6379 refuses connections"},
                      message="The Ray cluster at 10.0.0.5:6379 was lost.")
@@ -534,7 +534,7 @@ def test_sdk_stdio_client_against_ftl_mcp(tmp_path: Path) -> None:
 
 
 def test_ftl_mcp_is_a_cli_command_and_refuses_a_bad_repo(tmp_path: Path) -> None:
-    from ftl.cli import main
+    from ftl.surfaces.cli import main
 
     assert main.commands["mcp"] is mcp
     result = CliRunner().invoke(main, ["mcp", "--repo", str(tmp_path / "missing")])

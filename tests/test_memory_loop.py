@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ftl.config import Config
 from ftl.memory import scoring
-from ftl.runner import Runner
+from ftl.engine.runner import Runner
 from ftl.store import Store
 
 AGENT = '''

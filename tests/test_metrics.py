@@ -173,7 +173,7 @@ def test_in_process_campaign_counts_each_gate_decision_once(tmp_path) -> None:
     from ftl.config import Config
     from ftl.events import read_events
     from ftl.telemetry.metrics import METRICS, EventMetrics
-    from ftl.runner import Runner, connect_in_process
+    from ftl.engine.runner import Runner, connect_in_process
 
     reject_002 = [sys.executable, "-c", "import json, sys; call = json.load(sys.stdin); "
                   "sys.exit(1 if call['args']['workspace']['seq'] == '002' else 0)"]

@@ -26,11 +26,11 @@ import pytest
 from click.testing import CliRunner
 from mcp import Client, MCPError
 
-from ftl.cli import main as ftl_main
+from ftl.surfaces.cli import main as ftl_main
 from ftl.surfaces.jsonrpc import CorrelationIds
-from ftl.mcp_server import TOOLS, FtlMcpServer
+from ftl.surfaces.mcp_server import TOOLS, FtlMcpServer
 from ftl.telemetry.metrics import Metrics
-from ftl.runner import Runner, connect_in_process
+from ftl.engine.runner import Runner, connect_in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 LIB = ROOT / "lib"

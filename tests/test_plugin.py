@@ -148,7 +148,7 @@ def _click_command(tokens: list[str]):
     import click
 
     if tokens[0] == "ftl":
-        from ftl.cli import main as command
+        from ftl.surfaces.cli import main as command
         rest = tokens[1:]
     else:
         script = ROOT / "lib" / Path(tokens[1]).name

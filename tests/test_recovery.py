@@ -1,4 +1,4 @@
-"""Tests for ftl.recovery: classification of command results, the retry policy, and the
+"""Tests for ftl.engine.recovery: classification of command results, the retry policy, and the
 emit -> classify -> retry protocol as it appears in a real event log (FTL ERROR_HANDLING)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.recovery import (RecoveryProtocol, RetryPolicy, classify_command, classify_exception,
+from ftl.engine.recovery import (RecoveryProtocol, RetryPolicy, classify_command, classify_exception,
                           escalate_flaky, retry_after_ms)
 
 # --------------------------------------------------------------------------- classify_command

@@ -18,9 +18,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftl import events as ev
-from ftl.cli import main as ftl_main
+from ftl.surfaces.cli import main as ftl_main
 from ftl.errors import FtlError
-from ftl.recovery import RecoveryProtocol, RetryPolicy, escalate_flaky
+from ftl.engine.recovery import RecoveryProtocol, RetryPolicy, escalate_flaky
 from ftl.postmortem.replay import RULES, Replay, diff_decisions, render_diff_text, render_text, replay
 
 LOGS = Path(__file__).parent / "logs"
@@ -919,7 +919,7 @@ _MERMAID_LINE = re.compile(r"^(stateDiagram-v2|    \[\*\] --> INIT|    [A-Z]+ --
 
 @pytest.mark.parametrize("flow", ["campaign", "task"])
 def test_diagram_machine_draws_every_transition_of_the_flow(flow: str) -> None:
-    from ftl.machine import TRANSITIONS, Flow
+    from ftl.engine.machine import TRANSITIONS, Flow
 
     out = CliRunner().invoke(ftl_main, ["diagram", "machine", "--flow", flow])
     assert out.exit_code == 0

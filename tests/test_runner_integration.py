@@ -16,9 +16,9 @@ import pytest
 from ftl.config import Config
 from ftl.errors import FtlError, REGISTRY, Route
 from ftl.events import read_events
-from ftl.machine import Flow, Tracked
+from ftl.engine.machine import Flow, Tracked
 from ftl.postmortem.replay import replay
-from ftl.runner import Finish, Next, Runner
+from ftl.engine.runner import Finish, Next, Runner
 from ftl.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]

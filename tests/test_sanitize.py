@@ -1,4 +1,4 @@
-"""Tests for ftl.surfaces.sanitize: every secret shape is scrubbed, ordinary text is left alone, and
+"""Tests for ftl.sanitize: every secret shape is scrubbed, ordinary text is left alone, and
 truncate_utf8 keeps whole characters within its byte limit (hand cases + hypothesis)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftl.surfaces.sanitize import MESSAGE_LIMIT_BYTES, REDACTED, scrub, scrub_value, truncate_utf8
+from ftl.sanitize import MESSAGE_LIMIT_BYTES, REDACTED, scrub, scrub_value, truncate_utf8
 
 SETTINGS = settings(max_examples=150, deadline=None)
 

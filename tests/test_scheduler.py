@@ -1,4 +1,4 @@
-"""Tests for ftl.scheduler: dynamic starts, the jobs bound, blocks, resume, cancel and Ctrl-C.
+"""Tests for ftl.engine.scheduler: dynamic starts, the jobs bound, blocks, resume, cancel and Ctrl-C.
 
 Tasks coordinate through threading.Event / Barrier with generous safety timeouts; nothing
 asserts on elapsed time. A safety timeout that fires turns into a failing assertion.
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ftl.errors import FtlError
-from ftl.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
+from ftl.engine.scheduler import CancelToken, Scheduler, TaskOutcome, critical_path_priority
 
 SAFETY_S = 10.0  # only reached when the scheduler misbehaves
 
@@ -278,7 +278,7 @@ def test_keyboard_interrupt_cancels_reports_and_reraises():
 
 
 class _CtrlCAtLine:
-    """A main-thread trace that raises KeyboardInterrupt at the n-th line run in ftl/scheduler.py.
+    """A main-thread trace that raises KeyboardInterrupt at the n-th line run in ftl/engine/scheduler.py.
 
     It raises once (Python unsets a trace function that raised), which models one Ctrl-C
     landing at an arbitrary point of the scheduler thread, including inside bookkeeping.

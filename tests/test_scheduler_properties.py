@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from ftl.dag import critical_path, descendants, seq_key
 from ftl.executors.base import Execute, Finished, Health
-from ftl.scheduler import Scheduler, TaskOutcome, critical_path_priority
+from ftl.engine.scheduler import Scheduler, TaskOutcome, critical_path_priority
 
 
 class SteppingExecutor:

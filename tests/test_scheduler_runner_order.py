@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ftl.config import Config
 from ftl.events import read_events
-from ftl.runner import Runner, connect_in_process
+from ftl.engine.runner import Runner, connect_in_process
 
 
 def _repo(path: Path) -> Path:

@@ -10,7 +10,7 @@ import pytest
 from ftl.config import Config
 from ftl.errors import FtlError
 from ftl.events import EventLog, read_events
-from ftl.tools import ToolClient, fact
+from ftl.engine.tools import ToolClient, fact
 
 WINDOW = {"not_before": "2026-01-01T00:00:00.000Z", "expires_at": "2026-01-01T00:15:00.000Z"}  # 900 s
 

@@ -6,6 +6,6 @@
   integration); each task's build and verify run as one Ray task on any node of a cluster
   (optional dependency ``ftl-runner[ray]``); `remote_attempt` is what runs there.
 
-The scheduler (`ftl.scheduler`) talks only to `Executor`; the EXECUTE state picks the backend
+The scheduler (`ftl.engine.scheduler`) talks only to `Executor`; the EXECUTE state picks the backend
 (a `ray_cluster.RayCluster`'s executor when the run connected one, else a local one).
 """

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # the scheduler imports this module; no import back at run time
-    from ftl.scheduler import TaskOutcome
+    from ftl.engine.scheduler import TaskOutcome
 
 __all__ = ["Executor", "Finished", "Health", "Execute"]
 

@@ -23,7 +23,7 @@ Invariants checked, each violation reported with the ``seq`` of the event that b
 - ``error_route``: ERROR writes ``ERROR_ROUTE`` with that type's registry route (or one of the
   handler's documented overrides) and then takes that route;
 - ``state_transitions``: every ``PHASE_TRANSITION`` is one of the machine's transitions
-  (`ftl.machine.TRANSITIONS` for the run's flow) and the next ``STATE_ENTRY`` is its target;
+  (`ftl.engine.machine.TRANSITIONS` for the run's flow) and the next ``STATE_ENTRY`` is its target;
 - ``task_transitions``: a task starts only when pending with its dependencies complete (when
   ``PLAN_REGISTERED`` lists them), never twice without an end (unless a crash intervened),
   never again after completing, and restarts after a block only after a successful re-plan;
@@ -169,7 +169,7 @@ class Checker:
         self.file = ""
 
     def _set_flow(self, flow: str) -> None:
-        from ftl.machine import TRANSITIONS, Flow
+        from ftl.engine.machine import TRANSITIONS, Flow
 
         try:
             rows = TRANSITIONS[Flow(flow)]

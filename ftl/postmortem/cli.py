@@ -1,6 +1,6 @@
 """``ftl replay`` and ``ftl diagram``: postmortems of event logs and Mermaid diagrams.
 
-Registered on the main ``ftl`` group by ``ftl.cli``.
+Registered on the main ``ftl`` group by ``ftl.surfaces.cli``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, Iterable, TextIO
 import click
 
 from ftl.surfaces import envelope
-from ftl.cli import _emit, handled, json_option
+from ftl.surfaces.cli import _emit, handled, json_option
 from ftl.errors import FtlError
 
 
@@ -182,7 +182,7 @@ def diagram() -> None:
 @click.option("--flow", type=click.Choice(["campaign", "task"]), default="campaign", show_default=True)
 def diagram_machine(flow: str) -> None:
     """Print the state machine as Mermaid stateDiagram-v2 (from the transitions table)."""
-    from ftl.machine import Flow, mermaid
+    from ftl.engine.machine import Flow, mermaid
 
     click.echo(mermaid(Flow(flow)), nl=False)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ftl.errors import FtlError
 
-# ftl.surfaces.sanitize (and its tempfile/shutil imports) loads only when an envelope carries warnings or
+# ftl.sanitize (and its tempfile/shutil imports) loads only when an envelope carries warnings or
 # an error: a plain success envelope is built without it (fast start, issue 11 item 1).
 
 VERSION = "response-v2"
@@ -44,7 +44,7 @@ class Warning:
     context: dict[str, Any] | None = None
 
     def render(self) -> dict[str, Any]:
-        from ftl.surfaces.sanitize import scrub_value
+        from ftl.sanitize import scrub_value
         return {"code": self.code, "severity": WARNINGS.get(self.code, "warning"),
                 "message": scrub_value(self.message), "context": scrub_value(self.context or {})}
 
@@ -58,7 +58,7 @@ def _meta(request_id: str | None, warnings: list[Warning]) -> dict[str, Any]:
     meta: dict[str, Any] = {"version": VERSION, "request_id": request_id or new_request_id(),
                             "warnings": [], "warning_details": []}
     if warnings:
-        from ftl.surfaces.sanitize import scrub_value
+        from ftl.sanitize import scrub_value
         meta["warnings"] = [scrub_value(w.message) for w in warnings]
         meta["warning_details"] = [w.render() for w in warnings]
     return meta
@@ -75,11 +75,11 @@ def failure(error: FtlError, *, request_id: str | None = None,
             warnings: list[Warning] | None = None) -> dict[str, Any]:
     """A failure envelope rendered from ``error``'s registry row.
 
-    Only the row's safe details go out, each string sanitised (`ftl.surfaces.sanitize.sanitize_value`:
+    Only the row's safe details go out, each string sanitised (`ftl.sanitize.sanitize_value`:
     secrets scrubbed, absolute paths cut, 1 KiB cap, internals redacted). An explicit message
     that carries internals (a traceback, SQL, policy text) is replaced by the row's template.
     """
-    from ftl.surfaces.sanitize import looks_internal, sanitize_text, sanitize_value
+    from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
 
     row = error.kind
     data = {

@@ -40,7 +40,7 @@ _PRODUCERS = "tests/test_error_producers.py::"
 PRODUCED_BY: dict[str, Producer] = {
     "timeout": Producer(
         "BUILD: a build or verify command past its `timeout_s` (the builder reports "
-        "`error_type: timeout`, `ftl.recovery.classify_command`); EXPLORE: explorers out of time "
+        "`error_type: timeout`, `ftl.engine.recovery.classify_command`); EXPLORE: explorers out of time "
         "with partial results", _PRODUCERS + "test_build_past_its_timeout_is_timeout_then_budget_exhausted"),
     "quorum_failure": Producer(
         "EXPLORE: fewer usable explorer results than `explorer_quorum` and not both structure "
@@ -67,7 +67,7 @@ PRODUCED_BY: dict[str, Producer] = {
         _PRODUCERS + "test_build_past_its_timeout_is_timeout_then_budget_exhausted"),
     "verify_failed": Producer(
         "BUILD: the verify command still fails after its flaky retries "
-        "(`ftl.recovery.escalate_flaky`)", _PRODUCERS + "test_verify_that_keeps_failing_is_verify_failed"),
+        "(`ftl.engine.recovery.escalate_flaky`)", _PRODUCERS + "test_verify_that_keeps_failing_is_verify_failed"),
     "idiom_violation": Producer(
         "BUILD: `ftl.idioms.check_idioms` after the build, before verify: a forbidden pattern "
         "matches, or a required one matches nowhere, in the files the task changed "

@@ -14,14 +14,14 @@ Wire shape (ThoughtGate REQ-CORE-004, errors-and-gates reference §1.7)::
   a gate refused; ``details`` only the row's safe keys, minus those already lifted into the
   top level; ``retry_after`` (s, rounded up, ThoughtGate's unit) only for kinds whose hint
   comes from the server (rate limits, a server that is not ready).
-* Everything is sanitised (`ftl.surfaces.sanitize`): messages capped at 1 KiB on a character boundary,
+* Everything is sanitised (`ftl.sanitize`): messages capped at 1 KiB on a character boundary,
   invalid UTF-8 replaced, secrets scrubbed, absolute paths cut, and a message carrying a
   traceback, SQL or policy text replaced by the row's template.
 * An exception that is not an `FtlError` becomes ``internal_error`` (its traceback goes to the
   log under the correlation id, never to the client), and an error raised while building an
   error object yields `bare_internal_error` (ThoughtGate EC-ERR-001).
 
-This module knows nothing of the MCP SDK: `ftl.mcp_server` turns these dicts into ``MCPError``.
+This module knows nothing of the MCP SDK: `ftl.surfaces.mcp_server` turns these dicts into ``MCPError``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import Any, Mapping
 
 from ftl.errors import REGISTRY, FtlError
 from ftl.telemetry.logs import log_error
-from ftl.surfaces.sanitize import looks_internal, sanitize_text, sanitize_value
+from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
 
 PARSE_ERROR = -32700
 INVALID_REQUEST = -32600

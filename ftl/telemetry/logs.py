@@ -5,7 +5,7 @@ REQ-CORE-004, errors-and-gates reference §1.7-1.8). Each line has ``timestamp``
 ``level``, ``logger`` and ``message``, plus whichever of ``correlation_id``, ``gate``, ``tool``,
 ``error_type``, ``campaign_id`` and ``details`` the record carries (pass them with
 ``extra={...}``), and ``exception`` / ``traceback`` for records logged with ``exc_info``.
-Secrets are scrubbed from every line (`ftl.surfaces.sanitize.scrub`); paths and tracebacks stay, since
+Secrets are scrubbed from every line (`ftl.sanitize.scrub`); paths and tracebacks stay, since
 this is the operator's record.
 
 Levels follow ThoughtGate: unrecoverable failures ERROR; gate denials WARNING; an approver's
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from ftl.errors import FtlError
-from ftl.surfaces.sanitize import scrub, scrub_value
+from ftl.sanitize import scrub, scrub_value
 
 LOGGER_NAME = "ftl"
 #: Record attributes copied into the JSON line when present (one name per idea, style.md).

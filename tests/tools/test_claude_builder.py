@@ -130,7 +130,7 @@ def real_claude(tmp_path, monkeypatch) -> str:
 
 def test_the_real_cli_not_logged_in_is_a_structural_login_error(git_repo, ctx_for, real_claude) -> None:
     from ftl.errors import kind
-    from ftl.recovery import classify_command
+    from ftl.engine.recovery import classify_command
 
     settings = ClaudeSettings(command=[real_claude], agent=None)
     result = claude_builder(ClaudeBuildArgs(workspace=workspace(timeout_s=60), claude=settings),

@@ -26,7 +26,7 @@ from pathlib import Path
 from ftl.config import Config
 from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.transport import InProcessTransport
-from ftl.runner import Runner
+from ftl.engine.runner import Runner
 from ftl.server.app import build_server
 from ftl.vcs.worktrees import Worktrees
 

@@ -11,7 +11,7 @@ the prompt on stdin, and folds every stdout line into a `StreamSummary`
 (`ftl.server.tools.claude_stream`): session id, cost, turns, API time, tokens, errors. The
 process group is stopped when no line arrives for ``idle_timeout_s``.
 
-Outcomes (``error_type`` of the builder result, classified by `ftl.recovery.classify_command`):
+Outcomes (``error_type`` of the builder result, classified by `ftl.engine.recovery.classify_command`):
 
 * ``result`` subtype ``success`` and exit 0 -> ``complete`` (or ``blocked`` when the agent's last
   message holds a ``{"status": "blocked", ...}`` build result); ftl then verifies;

@@ -29,7 +29,7 @@ first use; configured but not importable -> ``configuration_error``) with source
 configuration (``--config`` or ``<repo>/ftl.toml`` at start), never from a repository a call
 names, so a caller cannot pick a repository without gates to escape them.
 
-Run ``ftl mcp [--repo DIR] [--config FILE]`` (or ``python -m ftl.mcp_server``). Logs are JSON
+Run ``ftl mcp [--repo DIR] [--config FILE]`` (or ``python -m ftl.surfaces.mcp_server``). Logs are JSON
 lines on stderr (`ftl.telemetry.logs`); stdout carries only the protocol.
 """
 
@@ -280,7 +280,7 @@ def _campaign(store: Any, campaign_id: str | None) -> dict[str, Any] | None:
 
 
 def _status(server: "FtlMcpServer", args: CampaignStatusArgs, call: CallContext) -> Outcome:
-    from ftl.status import campaign_status
+    from ftl.engine.status import campaign_status
 
     data = campaign_status(server.resolve_repo(args.repo), args.campaign_id)
     return Outcome(envelope.success(data or {"status": "none"}, request_id=call.correlation_id))
@@ -417,7 +417,7 @@ class FtlMcpServer:
             gate every call.
         metrics: counters (default: the process-wide `ftl.telemetry.metrics.METRICS`).
         runner_factory: ``factory(repo, config, on_event=...) -> Runner`` (default
-            `ftl.runner.Runner`; tests pass one with an in-process tool server).
+            `ftl.engine.runner.Runner`; tests pass one with an in-process tool server).
         gatekeeper: an object with ``visible(tool) -> bool`` and ``check(call)`` to use instead
             of building `ftl.gate.Gatekeeper` from ``[gates]``.
         correlation: correlation id source (default: a fresh `CorrelationIds`).
@@ -439,7 +439,7 @@ class FtlMcpServer:
         self.config: Config = load_config(config_path, self.repo)
         self.metrics = metrics if metrics is not None else METRICS
         if runner_factory is None:
-            from ftl.runner import Runner
+            from ftl.engine.runner import Runner
 
             runner_factory = Runner
         self.runner_factory = runner_factory
@@ -722,5 +722,5 @@ def mcp(repo: Path, config_path: Path | None, log_level: str, log_file: Path | N
     anyio.run(server.serve_stdio)
 
 
-if __name__ == "__main__":  # pragma: no cover - `python -m ftl.mcp_server`
+if __name__ == "__main__":  # pragma: no cover - `python -m ftl.surfaces.mcp_server`
     mcp()

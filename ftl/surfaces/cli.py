@@ -20,7 +20,7 @@ from typing import Any, Callable
 import click
 
 from ftl.surfaces import envelope
-from ftl.clickutil import LazyGroup, usage_error
+from ftl.surfaces.clickutil import LazyGroup, usage_error
 from ftl.errors import FtlError
 
 EXIT_INTERNAL = 1
@@ -127,7 +127,7 @@ def _load_json_file(path: Path, what: str, known_seqs: list[str] | None = None) 
 def _runner(repo: Path, config_path: Path | None, as_json: bool, **overrides: Any):
     from ftl.config import load_config
     from ftl.telemetry.progress import PlainProgress, RichProgress
-    from ftl.runner import Runner
+    from ftl.engine.runner import Runner
 
     repo = repo.resolve()
     if not repo.is_dir():
@@ -246,7 +246,7 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
                                isolation=isolation, executor_kind=executor_kind,
                                ray_address=ray_address)
     except BaseException:
-        from ftl.intent import discard_intent
+        from ftl.engine.intent import discard_intent
 
         discard_intent(intent)  # refused before it began: nothing to resume
         raise
@@ -259,10 +259,10 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
 
 def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
                    revised_plan: Path | None) -> Path | None:
-    """Write the run's intent (`ftl.intent`) before anything slow: the objective and the plan
+    """Write the run's intent (`ftl.engine.intent`) before anything slow: the objective and the plan
     files' JSON as read (validated later, by the run or by the resume that finds it). None when
     there is nothing to record (an unreadable plan is refused in a moment anyway)."""
-    from ftl.intent import write_intent
+    from ftl.engine.intent import write_intent
 
     def read(path: Path | None) -> Any:
         if path is None:
@@ -322,7 +322,7 @@ def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, confi
 @handled
 def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     """Show a campaign's state and task counts (envelope data: campaign, tasks, cascade)."""
-    from ftl.status import campaign_status as status_of
+    from ftl.engine.status import campaign_status as status_of
 
     data = status_of(repo.resolve(), campaign_id)
     if data is None:
@@ -440,7 +440,7 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 
     Same output and exit codes as `ftl campaign run`.
     """
-    from ftl.machine import Flow
+    from ftl.engine.machine import Flow
     from ftl.validation import parse_plan
 
     if plan_file:
@@ -462,7 +462,7 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
 
 
 def _register_optional_commands() -> None:
-    """Commands whose modules are heavy, imported only when they run (`ftl.clickutil.LazyGroup`);
+    """Commands whose modules are heavy, imported only when they run (`ftl.surfaces.clickutil.LazyGroup`);
     the summaries are their help's first paragraph (tests/test_cold_start.py keeps them equal)."""
     main.add_lazy_command("replay", "ftl.postmortem.cli:replay_command",
                           "Rebuild a campaign's run from its event log(s) and check the protocol's invariants.")
@@ -471,7 +471,7 @@ def _register_optional_commands() -> None:
     main.add_lazy_command("serve", "ftl.server.serve:serve",
                           "Run ftl's embedded MangleCP server (protocol 2026-02-draft).")
     # the MCP surface is optional: without its module (or the mcp SDK) `ftl mcp` is unknown
-    main.add_lazy_command("mcp", "ftl.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
+    main.add_lazy_command("mcp", "ftl.surfaces.mcp_server:mcp", "Serve ftl to MCP clients (Claude Code) over stdio.")
 
 
 _register_optional_commands()  # `python -m ftl` (ftl/__main__.py) runs `main`

@@ -42,11 +42,11 @@ from ftl import events as ev
 from ftl.config import Config
 from ftl.errors import FtlError, Route
 from ftl.executors.agent_limits import AgentLimits
-from ftl.machine import CampaignMachine, Flow, State, Tracked
+from ftl.engine.machine import CampaignMachine, Flow, State, Tracked
 from ftl.models import Plan
-from ftl.recovery import RecoveryProtocol, RetryPolicy, classify_exception
+from ftl.engine.recovery import RecoveryProtocol, RetryPolicy, classify_exception
 from ftl.store import Store
-from ftl.tools import ToolClient
+from ftl.engine.tools import ToolClient
 
 _LOG = logging.getLogger("ftl")
 
@@ -180,7 +180,7 @@ class Run:
 
     def facts(self) -> list[dict[str, Any]]:
         """Facts that describe the campaign to the tool server (MangleCP intent_request)."""
-        from ftl.tools import fact
+        from ftl.engine.tools import fact
         facts = [fact("campaign_state", self.machine_state.lower())]
         if self.current_plan is not None and self.current_plan.framework:
             facts.append(fact("framework", self.current_plan.framework))
@@ -282,7 +282,7 @@ class Runner:
         """Create a campaign and drive it to its end.
 
         Args:
-            intent: the intent file the CLI wrote first (`ftl.intent`); removed once the
+            intent: the intent file the CLI wrote first (`ftl.engine.intent`); removed once the
                 campaign row holds the same inputs.
 
         Raises:
@@ -293,7 +293,7 @@ class Runner:
             with self._driving(None):
                 return self._start_locked(objective, plan_input, flow, revised_plan_input, intent)
         except FtlError:
-            from ftl.intent import discard_intent
+            from ftl.engine.intent import discard_intent
 
             discard_intent(intent)  # refused (conflict, configuration): nothing to resume
             raise
@@ -313,7 +313,7 @@ class Runner:
                     "isolation": isolation, "plan_sha256": plan_sha256,
                     "executor": self.config.executor.kind,
                     "intent": intent.name if intent is not None else None})
-        from ftl.intent import discard_intent
+        from ftl.engine.intent import discard_intent
 
         discard_intent(intent)  # the campaign row holds it now
         log = self._open_log(campaign["id"])
@@ -388,10 +388,10 @@ class Runner:
 
     # --- internals ---
     def _start_from_intent(self) -> RunResult | None:
-        """A run killed before it recorded its campaign left its intent (`ftl.intent`): start
+        """A run killed before it recorded its campaign left its intent (`ftl.engine.intent`): start
         that campaign now (the plan validated as `ftl campaign run` would), or None when there
         is no intent. A plan that no longer validates is refused and its intent removed."""
-        from ftl.intent import discard_intent, pending_intent
+        from ftl.engine.intent import discard_intent, pending_intent
         from ftl.validation import parse_plan
 
         found = pending_intent(self.repo)
