@@ -52,12 +52,6 @@ KNOWN_UPWARD = {
         "the `ftl replay` and `ftl diagram` commands (design §2 files them with the postmortem) "
         "answer in the envelope through the CLI's helpers; fix: they are front ends, move them "
         "to ftl/surfaces/",
-    ("ftl.manglecp.transport", "ftl.executors.processes"):
-        "processes.py (parent-death signal, process ledger) is a leaf OS utility filed under "
-        "executors; fix: move it to a lower room",
-    ("ftl.server.tools.builders", "ftl.executors.processes"): "as ftl.manglecp.transport",
-    ("ftl.server.tools.proc", "ftl.executors.processes"): "as ftl.manglecp.transport",
-    ("ftl.server.tools.verifier", "ftl.executors.processes"): "as ftl.manglecp.transport",
 }
 
 

@@ -612,11 +612,11 @@ class Runner:
     def _reap_orphans(self, run: Run, state: State) -> None:
         """Before a resumed run does anything: let the build and verify commands the crashed
         run left behind finish, up to their deadlines, then kill what is left
-        (`ftl.executors.processes.reap`; ``ORPHANS_WAITING`` first, then RECOVERY_ATTEMPT
+        (`ftl.processes.reap`; ``ORPHANS_WAITING`` first, then RECOVERY_ATTEMPT
         ``reap_orphans``). A build that finishes records its checkpoint, so the resume reuses
         it instead of running it again; nothing of the old run changes the repository once
         tasks run again. ``wait_for_leftovers=False`` kills at once."""
-        from ftl.executors.processes import LEDGER_DIR, reap
+        from ftl.processes import LEDGER_DIR, reap
 
         def announce(groups: list[dict]) -> None:
             until = max(group["deadline_s"] for group in groups)

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ftl.errors import FtlError
-from ftl.executors.processes import parent_death_setup
+from ftl.processes import parent_death_setup
 from ftl.manglecp.messages import PROTOCOL_VERSION, encode, envelope, make_error, to_ftl_error
 from ftl.manglecp.access import Session
 from ftl.manglecp.server import ManglecpServer

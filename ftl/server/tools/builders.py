@@ -24,7 +24,7 @@ from typing import Any, Iterable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftl.errors import FtlError
-from ftl.executors.processes import LEDGER_DIR
+from ftl.processes import LEDGER_DIR
 from ftl.models import BuildResult, Workspace
 from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import CommandResult, changed_paths, run_command, snapshot_tree

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
-from ftl.executors.processes import forget, parent_death_setup, record
+from ftl.processes import forget, parent_death_setup, record
 
 __all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
            "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
@@ -289,7 +289,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         output_limit_bytes: how many bytes of output tail to keep, per stream and combined.
         grace_s: time between SIGTERM and SIGKILL when stopping the group, in s.
         ledger: a folder in which the running group is recorded, with its deadline, until it
-            is reaped (`ftl.executors.processes`). Such a command gets no parent-death signal:
+            is reaped (`ftl.processes`). Such a command gets no parent-death signal:
             if ftl dies it runs to its end (or its deadline) and records its own completion
             (a build's checkpoint), and the next resume waits for it before anything runs
             again, so a finished build is never run twice and no orphan outlives the wait.

@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ftl.executors.processes import LEDGER_DIR
+from ftl.processes import LEDGER_DIR
 from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import run_command
 
