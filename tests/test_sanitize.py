@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ftl.sanitize import MESSAGE_LIMIT_BYTES, REDACTED, scrub, scrub_value, truncate_utf8
+from ftl.sanitize import _PATTERNS, MESSAGE_LIMIT_BYTES, REDACTED, scrub, scrub_all, scrub_value, truncate_utf8
 
 SETTINGS = settings(max_examples=150, deadline=None)
 
@@ -131,6 +131,47 @@ def test_embedded_secret_never_survives(case: tuple[str, str]) -> None:
 @given(_SAFE_WORDS)
 def test_lowercase_prose_is_untouched(text: str) -> None:
     assert scrub(text) == text
+
+
+# The pre-check in `scrub` skips the patterns when no trigger word is present; it must never
+# change a result. Texts are drawn from pieces of every secret shape (in random case, cut at
+# random points) mixed with arbitrary text, so near misses on both sides are common.
+_PIECES = st.sampled_from([s[0] for s in SECRETS] + [
+    "Authorization", "BEARER ", "://", "u:p@", "PassWord", "passwd", "PWD", "Secret", "tOkEn",
+    "api_key", "Access-Key", "PRIVATE KEY", "client_secret", "ghp_", "gho_", "github_pat_",
+    "xoxb-", "AKIA", "ASIA", "sk-", "sk-ant-", "=", ":", '": "', " ", "-----BEGIN RSA PRIVATE KEY-----",
+    "-----END RSA PRIVATE KEY-----", "ABCDEFGHIJKLMNOPQRSTUVWX", "0123456789abcdef"])
+
+
+@st.composite
+def near_secrets(draw) -> str:
+    parts = draw(st.lists(st.one_of(_PIECES, st.text(max_size=12)), max_size=8))
+    text = "".join(parts)
+    if draw(st.booleans()):
+        text = "".join(c.upper() if draw(st.booleans()) else c for c in text[:60]) + text[60:]
+    cut = draw(st.integers(min_value=0, max_value=len(text)))
+    return text[cut:] if draw(st.booleans()) else text
+
+
+@settings(max_examples=400, deadline=None)
+@given(near_secrets())
+def test_the_trigger_pre_check_never_changes_what_scrub_returns(text: str) -> None:
+    assert scrub(text) == scrub_all(text)
+
+
+def test_letters_that_fold_into_a_trigger_still_get_every_pattern() -> None:
+    """Case-insensitive matching folds "ſ" (long s) and "K" (Kelvin sign) into s and k."""
+    for text in ("paſſword=hunter2", "api_\u212aey=hunter2", "ſecret: hunter2"):
+        assert "hunter2" not in scrub(text) and scrub(text) == scrub_all(text)
+
+
+def test_every_pattern_has_a_trigger_word() -> None:
+    """A pattern added without a trigger would be skipped: each secret case holds one."""
+    from ftl.sanitize import _TRIGGERS
+
+    assert len(_PATTERNS) == 9  # a new pattern: add its trigger to _TRIGGERS, then this count
+    for text, _, _ in SECRETS:
+        assert any(t in text.lower() for t in _TRIGGERS), text
 
 
 # --------------------------------------------------------------------------- truncate_utf8
