@@ -50,7 +50,7 @@ import threading
 from collections import Counter
 from contextlib import contextmanager
 from datetime import datetime, timezone
-from itertools import repeat
+from itertools import chain, repeat
 from operator import attrgetter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
@@ -87,6 +87,9 @@ WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
 MEMORY_TYPES = ("failure", "pattern")
 _LONG_DIGITS = re.compile(r"\d{19}")
 _SQL_BATCH = 500  # bound parameters per IN (...) query, far below SQLite's limit
+#: Task rows per INSERT statement in add-tasks: 7 parameters each stay within 999, the lowest
+#: limit a SQLite build may have (SQLITE_MAX_VARIABLE_NUMBER before 3.32).
+_INSERT_BATCH = 140
 _TASKS_KEY = ',"tasks":['  # where a plan text's task list starts (its header fields come first)
 _PLAN_TEXT_COLUMNS = "plan, tasks_at, task_seqs"  # what `Store._plan_text` reads
 
@@ -845,6 +848,31 @@ class Store:
             (campaign_id, task.seq, task.slug, task.type.value, _dumps(task.depends, "depends"),
              task.model_dump_json(), now))
 
+    @staticmethod
+    def _insert_task_rows(conn: sqlite3.Connection, campaign_id: str, tasks: Sequence[TaskRow],
+                          now: str) -> None:
+        """Insert ``tasks`` as pending rows, `_INSERT_BATCH` rows per statement.
+
+        A multi-row ``INSERT ... VALUES`` binds and steps once per batch instead of once per row
+        (executemany: 10,000 rows in 31-37 ms of CPU, batches: 25-30). The parameters come from
+        C-level iterators over the rows' fields (no Python frame per row); orjson writes a depends
+        tuple as `_seqs_json` does (canonical seqs are digits: nothing to escape).
+        """
+        values = list(chain.from_iterable(zip(
+            repeat(campaign_id), map(attrgetter("seq"), tasks), map(attrgetter("slug"), tasks),
+            map(attrgetter("type"), tasks), map(bytes.decode, map(orjson.dumps, map(attrgetter("depends"), tasks))),
+            map(attrgetter("spec"), tasks), repeat(now))))
+        width = 7 * _INSERT_BATCH
+
+        def statement(count: int) -> str:
+            return ("INSERT INTO task (campaign_id, seq, slug, type, depends, status, spec, updated_at) VALUES "
+                    + ",".join(["(?, ?, ?, ?, ?, 'pending', ?, ?)"] * count))
+
+        full = statement(_INSERT_BATCH)  # one text: prepared once, then from the statement cache
+        for start in range(0, len(values), width):
+            batch = values[start:start + width]
+            conn.execute(full if len(batch) == width else statement(len(batch) // 7), batch)
+
     def add_tasks(self, campaign_id: str, plan: Plan | PlanRows) -> list[str]:
         """Register the plan's tasks as pending rows (REGISTER); return their seqs in seq order.
 
@@ -877,23 +905,12 @@ class Store:
             if campaign["framework"] is None and rows.framework is not None:
                 conn.execute("UPDATE campaign SET framework = ?, updated_at = ? WHERE campaign_id = ?",
                              (rows.framework, now, campaign_id))
-            # One statement for every row, fed by iterators (no second list of 10,000 tuples).
             # The rows' status is the literal 'pending' and attempts takes its default 0, so the
             # table's CHECKs hold by construction; SQLite would still evaluate `status IN (...)`
             # per row, half of this insert's time (10,000 rows: 18 of 38 ms).
             conn.execute("PRAGMA ignore_check_constraints = ON")
             try:
-                # The parameter tuples come from C-level iterators over the rows' fields (no Python
-                # frame per row, 10,000 rows: 4 ms less); orjson writes a depends tuple as
-                # `_seqs_json` does (canonical seqs are digits: nothing to escape).
-                tasks = rows.tasks
-                conn.executemany(
-                    "INSERT INTO task (campaign_id, seq, slug, type, depends, status, spec, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
-                    zip(repeat(campaign_id), map(attrgetter("seq"), tasks), map(attrgetter("slug"), tasks),
-                        map(attrgetter("type"), tasks),
-                        map(bytes.decode, map(orjson.dumps, map(attrgetter("depends"), tasks))),
-                        map(attrgetter("spec"), tasks), repeat(now)))
+                self._insert_task_rows(conn, campaign_id, rows.tasks, now)
             finally:
                 conn.execute("PRAGMA ignore_check_constraints = OFF")
         return sorted((t.seq for t in rows.tasks), key=int)

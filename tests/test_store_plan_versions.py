@@ -5,6 +5,7 @@ file opens, migrates and keeps its plans."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -191,8 +192,8 @@ def schema_2_store(path: Path, plan: Plan) -> str:
     for task in plan.tasks:
         conn.execute("INSERT INTO task (campaign_id, seq, slug, type, depends, status, spec, updated_at) "
                      "VALUES (?, ?, ?, ?, ?, 'pending', ?, ?)",
-                     (cid, task.seq, task.slug, task.type.value, f"[{','.join(f'{d!r}' for d in task.depends)}]"
-                      .replace("'", '"'), task.model_dump_json(), now))
+                     (cid, task.seq, task.slug, task.type.value, json.dumps(task.depends, separators=(",", ":")),
+                      task.model_dump_json(), now))
     conn.close()
     return cid
 
@@ -214,3 +215,24 @@ def test_a_schema_2_store_migrates_and_keeps_its_plans(tmp_path: Path) -> None:
         assert store.get_plan(cid, 1) == plan and shared_rows(store, cid) == [(1, False), (2, False)]
     with Store(db) as store:  # reopening does not migrate again
         assert store.schema_version() == 3 and store.get_plan(cid, 1) == plan
+
+
+def test_add_tasks_writes_every_row_across_insert_batches(tmp_path: Path) -> None:
+    # 2 full batches of _INSERT_BATCH rows and a partial one; each row as one INSERT would write it.
+    from ftl.store import _INSERT_BATCH
+
+    count = 2 * _INSERT_BATCH + 5
+    raw = raw_plan(list(range(count, 0, -1)))  # plan order: descending seqs
+    for task in raw["tasks"][::3]:
+        task["depends"] = [f"{n:03d}" for n in range(max(1, int(task["seq"]) - 3), int(task["seq"]))]
+    rows = lean_plan_rows(raw)
+    assert rows is not None
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["campaign_id"]
+        assert store.add_tasks(cid, rows) == [f"{n:03d}" for n in range(1, count + 1)]
+        written = {r[0]: tuple(r) for r in store._conn.execute(
+            "SELECT seq, slug, type, depends, status, attempts, blocked_by, spec FROM task")}
+        expected = {t.seq: (t.seq, t.slug, t.type, json.dumps(list(t.depends), separators=(",", ":")),
+                            "pending", 0, "[]", t.spec) for t in rows.tasks}
+        assert written == expected
+        assert store.plan_text(cid) == rows.plan_json
