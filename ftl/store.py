@@ -467,6 +467,26 @@ class Store:
                     raise self._translate(exc) from None
                 raise
 
+    @contextmanager
+    def _foreign_keys_unchecked(self) -> Iterator[None]:
+        """Hold the lock with foreign keys unchecked, for a session that writes only rows of a
+        campaign it read in the same transaction (the keys hold by construction; 10,000 task
+        rows: 1.5-2.5 ms of per-row parent look-ups saved). ``PRAGMA foreign_keys`` is a no-op
+        inside a transaction, so this wraps the session; the check is back on when it ends."""
+        with self._lock:
+            conn = self._conn
+            if conn is None:  # the session says the store is closed
+                yield
+                return
+            try:
+                conn.execute("PRAGMA foreign_keys = OFF")
+                yield
+            except sqlite3.Error as exc:
+                raise self._translate(exc) from None
+            finally:
+                if self._conn is conn:
+                    conn.execute("PRAGMA foreign_keys = ON")
+
     def integrity_check(self) -> str:
         """``"ok"``, or the problems SQLite's integrity and foreign-key checks report, one per line."""
         with self._session() as conn:
@@ -893,7 +913,7 @@ class Store:
         rows = plan if isinstance(plan, PlanRows) else PlanRows.from_plan(plan)
         if not rows.graph_checked:  # the lean validation checked it already (10,000 tasks: 15 ms)
             check_plan_graph(rows.tasks)
-        with self._session(write=True) as conn:
+        with self._foreign_keys_unchecked(), self._session(write=True) as conn:
             campaign = self._active_row(conn, campaign_id, "add tasks")
             count = conn.execute("SELECT COUNT(*) FROM task WHERE campaign_id = ?", (campaign_id,)).fetchone()[0]
             if count:

@@ -236,3 +236,22 @@ def test_add_tasks_writes_every_row_across_insert_batches(tmp_path: Path) -> Non
                             "pending", 0, "[]", t.spec) for t in rows.tasks}
         assert written == expected
         assert store.plan_text(cid) == rows.plan_json
+
+
+def test_add_tasks_checks_foreign_keys_again_afterwards(tmp_path: Path) -> None:
+    # add-tasks writes with the foreign-key check off (its campaign is read in the same
+    # transaction); every other write, including one after a refused add-tasks, has it on.
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["campaign_id"]
+        store.add_tasks(cid, Plan.model_validate(raw_plan([1, 2])))
+        assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        with pytest.raises(FtlError):
+            store.add_tasks(cid, Plan.model_validate(raw_plan([3])))  # already has tasks
+        assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        with pytest.raises(FtlError):
+            store.add_tasks("c-unknown", Plan.model_validate(raw_plan([3])))
+        assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert store.integrity_check() == "ok"
+    with pytest.raises(FtlError) as excinfo:
+        store.add_tasks(cid, Plan.model_validate(raw_plan([3])))
+    assert excinfo.value.error_type == "invalid_state"  # closed, as every other call
