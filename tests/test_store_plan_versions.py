@@ -255,3 +255,17 @@ def test_add_tasks_checks_foreign_keys_again_afterwards(tmp_path: Path) -> None:
     with pytest.raises(FtlError) as excinfo:
         store.add_tasks(cid, Plan.model_validate(raw_plan([3])))
     assert excinfo.value.error_type == "invalid_state"  # closed, as every other call
+
+
+def test_a_new_store_has_8_kib_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    from ftl.store import PAGE_SIZE
+
+    with Store.for_repo(tmp_path / "new") as store:
+        assert store._conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE == 8192
+    db = tmp_path / "old" / ".ftl" / "ftl.db"
+    db.parent.mkdir(parents=True)
+    cid = schema_2_store(db, Plan.model_validate(raw_plan([1, 2])))  # SQLite's default 4 KiB
+    with Store(db) as store:
+        assert store._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        store.merge_revised_plan(cid, Plan.model_validate(raw_plan([1, 3])), max_new_tasks=1)
+        assert store.get_plan(cid).tasks[-1].seq == "003" and store.integrity_check() == "ok"
