@@ -943,7 +943,7 @@ class Store:
                 self._insert_task_rows(conn, campaign_id, rows.tasks, now)
             finally:
                 conn.execute("PRAGMA ignore_check_constraints = OFF")
-        return sorted((t.seq for t in rows.tasks), key=int)
+        return sorted(map(attrgetter("seq"), rows.tasks), key=int)
 
     def latest_plan_fields(self, campaign_id: str, names: Sequence[str]) -> dict[str, Any]:
         """Top-level fields of the campaign's latest plan version, read by SQLite's JSON
