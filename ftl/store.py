@@ -454,18 +454,20 @@ class Store:
         return FtlError("internal_error", {"correlation_id": correlation_id})
 
     @contextmanager
-    def _session(self, write: bool = False) -> Iterator[sqlite3.Connection]:
-        """Hold the lock; for writes, wrap the body in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on error)."""
+    def _session(self, write: bool = False, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """Hold the lock; for writes, wrap the body in BEGIN IMMEDIATE ... COMMIT (ROLLBACK on
+        error); with ``snapshot``, a read in BEGIN ... COMMIT, so that its statements see one
+        state of the file (WAL: another process's commit in between is not seen)."""
         with self._lock:
             conn = self._conn
             if conn is None:
                 raise FtlError("invalid_state", {"trigger": "query", "state": "closed"},
                                message="The store is closed.")
             try:
-                if write:
-                    conn.execute("BEGIN IMMEDIATE")
+                if write or snapshot:
+                    conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
                 yield conn
-                if write:
+                if write or snapshot:
                     conn.execute("COMMIT")
             except BaseException as exc:
                 if conn.in_transaction:
@@ -795,7 +797,9 @@ class Store:
 
         Raises: FtlError(not_found) naming the campaign or the missing version.
         """
-        with self._session() as conn:
+        # One snapshot: a shared version and the task rows' specs must be read from the same
+        # state, or a merge committed in between would mix the old row with the new specs.
+        with self._session(snapshot=True) as conn:
             self._campaign_row(conn, campaign_id)
             if version is None:
                 row = conn.execute(f"SELECT {_PLAN_TEXT_COLUMNS} FROM plan WHERE campaign_id = ? "

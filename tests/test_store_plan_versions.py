@@ -269,3 +269,26 @@ def test_a_new_store_has_8_kib_pages_and_an_old_one_keeps_its_own(tmp_path: Path
         assert store._conn.execute("PRAGMA page_size").fetchone()[0] == 4096
         store.merge_revised_plan(cid, Plan.model_validate(raw_plan([1, 3])), max_new_tasks=1)
         assert store.get_plan(cid).tasks[-1].seq == "003" and store.integrity_check() == "ok"
+
+
+def test_a_shared_version_is_read_in_one_snapshot(tmp_path: Path, monkeypatch) -> None:
+    # Another process merging between the read of the version row and the read of the specs
+    # must not mix the two: plan_text reads both in one read transaction (WAL snapshot).
+    with Store.for_repo(tmp_path, clock=FakeClock()) as reader, \
+            Store.for_repo(tmp_path, clock=FakeClock()) as writer:
+        cid = writer.create_campaign("x")["campaign_id"]
+        writer.add_tasks(cid, Plan.model_validate(raw_plan([1, 2])))
+        saved = reader.plan_text(cid, 1)
+        original = Store._plan_text
+
+        def merge_in_between(conn, campaign_id, row):
+            if conn is reader._conn and row[1] is not None:  # the reader has the shared row
+                writer.merge_revised_plan(cid, Plan.model_validate(raw_plan([1, 2], verify="changed")),
+                                          max_new_tasks=0)
+            return original(conn, campaign_id, row)
+
+        monkeypatch.setattr(Store, "_plan_text", staticmethod(merge_in_between))
+        assert reader.plan_text(cid, 1) == saved  # the reader's snapshot: row and specs as registered
+        monkeypatch.setattr(Store, "_plan_text", staticmethod(original))
+        assert not reader._conn.in_transaction
+        assert reader.plan_text(cid, 1) == saved and '"verify":"changed"' in reader.plan_text(cid, 2)
