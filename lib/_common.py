@@ -455,9 +455,43 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not valid JSON")
 
 
+_UTF8_BOM = b"\xef\xbb\xbf"
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_NINETEEN_DIGITS = b"0" * 19  # the shortest integer orjson may not read exactly (below -2**63)
+_NOT_READ = object()
+
+
+def _orjson_value(data: bytes) -> Any:
+    """``data`` parsed by orjson when that gives what `parse_json_text` would (a 1.2 MB plan:
+    5 ms instead of 9-12), else `_NOT_READ`.
+
+    orjson refuses what json refuses here and more (NaN, Infinity, 1e400, lone surrogates,
+    invalid UTF-8, nesting past 1024 levels): those go to `parse_json_text` for its value or its
+    error, with the same wording and position. The one value orjson changes is an integer
+    outside 64 bits, which it reads as a float; such an integer has 19 digits or more, so text
+    with a run of 19 digits anywhere goes to json too (digits become ``0`` in one C pass over
+    the bytes, then one search: 1.5 ms on 1.2 MB, where a regex takes 11). One difference is
+    left: valid JSON nested between json's limit (Python's recursion limit, about 970 levels
+    here) and orjson's 1024 is read instead of refused as too deep.
+    """
+    body = data[3:] if data.startswith(_UTF8_BOM) else data
+    if _NINETEEN_DIGITS in body.translate(_DIGITS_AS_ZERO):
+        return _NOT_READ
+    import orjson
+
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return _NOT_READ
+
+
 def read_stdin_json(source: str = "standard input") -> Any:
-    """Read all of stdin as UTF-8 JSON (see `parse_json_text`)."""
+    """Read all of stdin as UTF-8 JSON (see `parse_json_text`; orjson reads it when it gives
+    the same value, `_orjson_value`)."""
     data = sys.stdin.buffer.read()
+    value = _orjson_value(data)
+    if value is not _NOT_READ:
+        return value
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:

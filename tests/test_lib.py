@@ -504,6 +504,82 @@ def test_json_input_parses_or_fails_with_a_violation(common, text: str) -> None:
         assert json.dumps(value, sort_keys=True) == json.dumps(json.loads(text), sort_keys=True)
 
 
+def _stdin_outcome(common, data: bytes) -> tuple[str, Any]:
+    """What `read_stdin_json` makes of ``data``: ("value", repr with types) or ("error", the
+    error's type, message and details)."""
+    import io
+
+    from ftl.errors import FtlError
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        try:
+            value = common.read_stdin_json("plan on standard input")
+        except FtlError as error:
+            return "error", (error.error_type, error.message, error.details)
+    return "value", _typed(value)
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with every number tagged by its type (1 and 1.0 compare equal in Python)."""
+    if isinstance(value, dict):
+        return {"dict": [(k, _typed(v)) for k, v in value.items()]}
+    if isinstance(value, list):
+        return {"list": [_typed(v) for v in value]}
+    return type(value).__name__, repr(value)
+
+
+def _json_outcome(common, data: bytes) -> tuple[str, Any]:
+    """What the json path alone (before orjson was tried first) makes of ``data``."""
+    from ftl.errors import FtlError
+
+    try:
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            raise common.violation("$", "the plan on standard input is not UTF-8 text", "send UTF-8 JSON") from None
+        value = common.parse_json_text(text, "plan on standard input")
+    except FtlError as error:
+        return "error", (error.error_type, error.message, error.details)
+    return "value", _typed(value)
+
+
+_JSON_NUMBERS = st.one_of(
+    st.integers(), st.integers(min_value=-(2**70), max_value=2**70), st.floats(allow_nan=False),
+    st.sampled_from(["1e400", "-1e400", "NaN", "Infinity", "-0", "-0.0", "1E2", "5e-324", "0.1e1",
+                     "18446744073709551615", "18446744073709551616", "-9223372036854775809",
+                     "9223372036854775807", "123456789012345678901234567890.5", "1.00000000000000011102230246"]))
+_JSON_TEXTS = st.recursive(
+    st.one_of(st.none().map(json.dumps), st.booleans().map(json.dumps), _JSON_NUMBERS.map(str),
+              st.text(max_size=6).map(json.dumps), st.sampled_from(['"\\ud800"', '"\\u00e9\\n"', '"\\/"'])),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4).map(lambda items: "[" + ", ".join(items) + "]"),
+        st.lists(st.tuples(st.text(max_size=3).map(json.dumps), inner), max_size=4).map(
+            lambda pairs: "{" + ",".join(f"{k}:{v}" for k, v in pairs) + "}")),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(
+    _JSON_TEXTS.map(str.encode),
+    st.tuples(st.sampled_from([b"", b"\xef\xbb\xbf", b" \t\r\n"]), _JSON_TEXTS.map(str.encode),
+              st.sampled_from([b"", b"\n", b" x", b",", b"\x0c", b"]"])).map(b"".join),
+    st.binary(max_size=24)))
+def test_stdin_json_reads_as_the_json_module_did(common, data: bytes) -> None:
+    # orjson reads stdin first (issue 11 item 4); every value, number type and error (wording,
+    # line, column) must stay what json gave: big integers, 1e400, NaN, lone surrogates, BOMs,
+    # trailing garbage and invalid UTF-8 included.
+    assert _stdin_outcome(common, data) == _json_outcome(common, data)
+
+
+def test_stdin_json_keeps_integers_past_64_bits_exact(common) -> None:
+    data = b'{"a": [18446744073709551616, -9223372036854775809, 1e400], "b": "x"}'
+    kind, value = _stdin_outcome(common, data)
+    assert kind == "value" and value == _json_outcome(common, data)[1]
+    assert ("int", "18446744073709551616") in value["dict"][0][1]["list"]
+    assert common._orjson_value(data) is common._NOT_READ  # the json path read it
+
+
 def test_wrap_keeps_objects_and_wraps_arrays_and_null(common) -> None:
     assert common.wrap({"a": 1}) == {"a": 1}
     assert common.wrap([1, 2]) == {"items": [1, 2]}

@@ -287,3 +287,19 @@ def test_ready_set_still_refuses_an_unknown_status_of_a_dependency_it_reaches() 
     with pytest.raises(ValueError, match="'done' is not a valid task status"):
         dag.ready_set({"002": ["001"]}, {"001": "done"})
     assert dag.ready_set({"002": ["003", "001"], "003": []}, {"001": "done"}) == ["003"]  # never reached
+
+
+_SEQ_LIKE = st.one_of(st.from_regex(r"[0-9]{1,7}", fullmatch=True), st.text(alphabet="0123456789,\n x", max_size=8))
+_SLUG_LIKE = st.one_of(st.from_regex(r"[a-z0-9]+(-[a-z0-9]+)*\n?", fullmatch=True),
+                       st.text(alphabet="ab09-,\nA_ ", max_size=8))
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_SEQ_LIKE, max_size=6), st.lists(_SLUG_LIKE, max_size=6))
+def test_column_regex_checks_agree_with_the_rules_one_value_at_a_time(seqs: list[str], slugs: list[str]) -> None:
+    # The joined-column checks must accept exactly the columns whose every value passes the rule
+    # of plan_rules (commas inside a value, a trailing newline, empty columns included).
+    from ftl import plan_rows as module
+
+    assert module._all_canonical_seqs(seqs) == all(map(plan_rules.CANONICAL_SEQ_RE.fullmatch, seqs))
+    assert module._all_slugs(slugs) == all(map(plan_rules.SLUG_RE.match, slugs))
