@@ -194,6 +194,11 @@ class Task(BaseModel):
         plan_rules.check_no_self_dependency(self.seq, self.depends)
         return self
 
+    @model_validator(mode="after")
+    def _shallow_extras(self) -> "Task":
+        plan_rules.check_extra_depth(self.model_extra or {})
+        return self
+
     @property
     def workspace_id(self) -> str:
         return f"{self.seq}-{self.slug}"
@@ -223,6 +228,11 @@ class Plan(BaseModel):
     @classmethod
     def _campaign(cls, value: str | None) -> str | None:
         return plan_rules.check_campaign_slug(value)
+
+    @model_validator(mode="after")
+    def _shallow_extras(self) -> "Plan":
+        plan_rules.check_extra_depth(self.model_extra or {})
+        return self
 
     def task(self, seq: Any) -> Task:
         wanted = normalize_seq(seq)

@@ -93,3 +93,44 @@ def check_no_self_dependency(seq: str, depends: list[str]) -> None:
     """A task may not depend on itself. Raises: ValueError."""
     if seq in depends:
         raise ValueError(f"task {seq} depends on itself")
+
+
+#: How many levels of objects and arrays an extra field (a key of a plan or a task beyond the
+#: model's fields, kept and passed through as FTL did) may nest. The task specs are stored as
+#: JSON, and neither pydantic nor orjson writes a value nested much past 250 levels: deeper
+#: extras were accepted, then failed as an internal error when the plan was saved. No plan needs
+#: a tenth of this.
+MAX_EXTRA_DEPTH = 64
+
+
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) nests objects and arrays more than ``limit`` levels deep
+    (``"x"``: 0 levels, ``{"a": ["x"]}``: 2). Iterative, and stops at the first branch past the
+    limit, so any depth is safe to ask about."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            children = item.values()
+        elif isinstance(item, (list, tuple)):
+            children = item
+        else:
+            continue
+        if depth >= limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def check_extra_depth(extras: dict[str, Any]) -> None:
+    """Refuse an extra field nested deeper than `MAX_EXTRA_DEPTH`.
+
+    Raises:
+        ValueError: naming the first such field and how to fix it.
+    """
+    for name, value in extras.items():
+        if nests_deeper_than(value, MAX_EXTRA_DEPTH):
+            raise ValueError(f"extra field {name!r} nests objects and arrays deeper than "
+                             f"{MAX_EXTRA_DEPTH} levels; flatten it, or keep such data in a file "
+                             "and give its path")
+

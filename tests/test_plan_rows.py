@@ -281,6 +281,44 @@ def test_add_tasks_reports_pydantics_violations_for_a_plan_the_lean_path_decline
     assert {k: v for k, v in envelope.items() if k != "meta"} == {k: v for k, v in expected.items() if k != "meta"}
 
 
+def _nested(levels: int) -> object:
+    value: object = "leaf"
+    for level in range(levels):
+        value = {"a": value} if level % 2 else [value]
+    return value
+
+
+@pytest.mark.parametrize("where", ["task", "plan"])
+def test_extras_nest_up_to_the_limit_and_no_further_on_both_paths(where: str) -> None:
+    """Both paths take an extra field nested `MAX_EXTRA_DEPTH` levels and refuse one level
+    more with the same schema_invalid; before, 300 levels passed validation and then failed as
+    an internal error when the specs were written."""
+    limit = plan_rules.MAX_EXTRA_DEPTH
+    for levels, accepted in ((limit, True), (limit + 1, False), (1000, False)):
+        plan = big_plan(2)
+        (plan["tasks"][1] if where == "task" else plan)["notes"] = _nested(levels)
+        lean, full = lean_plan_rows(plan), pydantic_rows(plan)
+        if accepted:
+            assert isinstance(full, PlanRows) and lean == full
+            continue
+        assert lean is None and isinstance(full, FtlError) and full.error_type == "schema_invalid"
+        [violation] = full.details["violations"]
+        assert violation["path"] == ("$.tasks[1]" if where == "task" else "$")
+        assert f"'notes' nests objects and arrays deeper than {limit} levels" in violation["message"]
+
+
+def test_add_tasks_answers_a_plan_nested_1000_deep_with_its_violation(tmp_path: Path) -> None:
+    """orjson reads stdin up to 1024 levels (json stopped near 970): the depth rule answers."""
+    plan = big_plan(2)
+    plan["tasks"][0]["notes"] = "DEEP"
+    text = json.dumps(plan).replace('"DEEP"', "[" * 1000 + '"leaf"' + "]" * 1000)  # past json.dumps' recursion
+    subprocess.run([sys.executable, str(SCRIPT), "create", "lean"], cwd=tmp_path, check=True, capture_output=True)
+    done, _ = run_script(SCRIPT, "add-tasks", cwd=tmp_path, stdin=text)
+    envelope = json.loads(done.stdout)
+    assert envelope["data"]["ftl_error_type"] == "schema_invalid", envelope
+    assert "deeper than" in envelope["data"]["details"]["violations"][0]["message"]
+
+
 # --------------------------------------------------------------------------- dag fast paths
 
 def test_ready_set_still_refuses_an_unknown_status_of_a_dependency_it_reaches() -> None:
