@@ -228,6 +228,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # versions" in the module docstring): ``tasks_at`` is where the specs go in ``plan``, whose
     # task list is stored empty, and ``task_seqs`` their order; both NULL when ``plan`` is whole.
     ("ALTER TABLE plan ADD COLUMN tasks_at INTEGER", "ALTER TABLE plan ADD COLUMN task_seqs TEXT"),
+    # 4: the blocked tasks, which every task's workspace lists (sibling failures), read without
+    # a pass over the campaign's rows; a partial index, so pending rows never enter it.
+    ("CREATE INDEX task_blocked ON task (campaign_id, seq) WHERE status = 'blocked'",),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -1017,6 +1020,16 @@ class Store:
             rows = conn.execute("SELECT seq, depends, status FROM task WHERE campaign_id = ? "
                                 "ORDER BY CAST(seq AS INTEGER)", (campaign_id,)).fetchall()
         return {r[0]: _loads(r[1]) for r in rows}, {r[0]: r[2] for r in rows}
+
+    def blocked_seqs(self, campaign_id: str) -> list[str]:
+        """Seqs of the campaign's blocked tasks, in seq order, from the ``task_blocked`` index
+        (its size is the number of blocked tasks, not of all tasks: BUILD asks for every task).
+        Raises: FtlError(not_found)."""
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            rows = conn.execute("SELECT seq FROM task INDEXED BY task_blocked WHERE campaign_id = ? "
+                                "AND status = 'blocked'", (campaign_id,)).fetchall()
+        return sorted((r[0] for r in rows), key=dag.seq_key)
 
     def task(self, campaign_id: str, seq: str) -> dict:
         """One task dict (see `tasks`). Raises: FtlError(not_found) for the campaign or seq."""

@@ -127,10 +127,9 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
 def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
              recorded: list[Any], worker: str = "w1") -> TaskOutcome:
     task = run.current_plan.task(seq)
-    # The graph (3 columns), then the full rows of what the workspace reads: this task, its
-    # dependencies, the blocked tasks (sibling failures). Not every spec of a big campaign.
-    graph = run.store.task_graph(run.campaign_id)
-    blocked = [other for other, status in graph[1].items() if status == "blocked"]
+    # The full rows of what the workspace reads: this task, its dependencies, the blocked tasks
+    # (sibling failures, from an index). Nothing here reads every task of a big campaign.
+    blocked = run.store.blocked_seqs(run.campaign_id)
     rows = run.store.tasks(run.campaign_id, seqs=[seq, *task.depends, *blocked])
     row = next((r for r in rows if r["seq"] == seq), None) or run.store.task(run.campaign_id, seq)
     attempt = max(1, int(row.get("attempts") or 1))
@@ -159,7 +158,7 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
     built = built[0] if built is not None else None
 
     outcome = _build_and_verify(run, task, workspace, spec, facts, cancel, built,
-                                exclude=_concurrent_paths(run, seq, graph))
+                                exclude=_concurrent_paths(run, seq))
     if isinstance(outcome, TaskOutcome):
         return outcome
     build_result, verify = outcome
@@ -590,16 +589,16 @@ class _ClaudeTries:
         self.run.agent_limits.spend.add(result.get("total_cost_usd"))
 
 
-def _concurrent_paths(run: Run, seq: str,
-                      graph: tuple[dict[str, list[str]], dict[str, str]]) -> list[str]:
+def _concurrent_paths(run: Run, seq: str) -> list[str]:
     """Paths (delta + creates) of the tasks that may run while ``seq`` runs in the shared
     checkout, so the builder does not charge their changes to ``seq``: none with one job (the
     TASK flow always has one); otherwise the unfinished shared tasks that are neither ancestors
-    nor descendants of ``seq`` (a task in its own worktree never touches the checkout)."""
+    nor descendants of ``seq`` (a task in its own worktree never touches the checkout). Only
+    this case reads the whole graph."""
     jobs = 1 if run.flow is Flow.TASK else run.config.jobs
     if jobs <= 1:
         return []
-    deps, statuses = graph
+    deps, statuses = run.store.task_graph(run.campaign_id)
     related = dag.ancestors(deps, seq) | dag.descendants(deps, seq) | {seq}
     live = {other for other, status in statuses.items() if status in ("pending", "running")}
     return sorted({path for other in run.current_plan.tasks

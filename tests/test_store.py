@@ -301,6 +301,20 @@ def put_in(store: Store, cid: str, seq: str, status: str) -> None:
         store.transition_task(cid, seq, "blocked", reason="dependency blocked", blocked_by=["9"])
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.sampled_from(STATUSES), min_size=1, max_size=12))
+def test_blocked_seqs_are_the_blocked_tasks_read_through_their_index(statuses: list[str]) -> None:
+    """BUILD lists the blocked tasks for every task's workspace: from the partial index
+    (``INDEXED BY``: no such index is an error, not a silent pass over every row)."""
+    with tempfile.TemporaryDirectory() as tmp, Store.for_repo(Path(tmp), clock=FakeClock()) as store:
+        cid = store.create_campaign("ship it")["campaign_id"]
+        store.add_tasks(cid, plan(*(task(f"{i + 1:03d}") for i in range(len(statuses)))))
+        for number, status in enumerate(statuses, 1):
+            put_in(store, cid, f"{number:03d}", status)
+        depends, status_of = store.task_graph(cid)
+        assert store.blocked_seqs(cid) == [seq for seq in depends if status_of[seq] == "blocked"]
+
+
 @pytest.mark.parametrize("source", STATUSES)
 @pytest.mark.parametrize("target", STATUSES)
 def test_transition_matrix(store: Store, source: str, target: str):

@@ -199,13 +199,12 @@ def schema_2_store(path: Path, plan: Plan) -> str:
 
 
 def test_a_schema_2_store_migrates_and_keeps_its_plans(tmp_path: Path) -> None:
-    assert SCHEMA_VERSION == 3
     plan = Plan.model_validate(raw_plan([2, 1, 3], extra={"notes": "kept"}))
     db = tmp_path / ".ftl" / "ftl.db"
     db.parent.mkdir()
     cid = schema_2_store(db, plan)
     with Store(db) as store:
-        assert store.schema_version() == 3 and store.integrity_check() == "ok"
+        assert store.schema_version() == SCHEMA_VERSION and store.integrity_check() == "ok"
         assert store.plan_text(cid, 1) == plan.model_dump_json(by_alias=True)
         assert store.get_plan(cid) == plan and store.executed_plan_versions(cid) == {1}
         assert shared_rows(store, cid) == [(1, False)]
@@ -214,7 +213,7 @@ def test_a_schema_2_store_migrates_and_keeps_its_plans(tmp_path: Path) -> None:
         store.merge_revised_plan(cid, Plan.model_validate(raw_plan([1, 4])), max_new_tasks=1)
         assert store.get_plan(cid, 1) == plan and shared_rows(store, cid) == [(1, False), (2, False)]
     with Store(db) as store:  # reopening does not migrate again
-        assert store.schema_version() == 3 and store.get_plan(cid, 1) == plan
+        assert store.schema_version() == SCHEMA_VERSION and store.get_plan(cid, 1) == plan
 
 
 def test_add_tasks_writes_every_row_across_insert_batches(tmp_path: Path) -> None:
