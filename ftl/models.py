@@ -13,8 +13,8 @@ import enum
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
-                      model_validator)
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
+                      field_validator, model_validator)
 
 from ftl import plan_rules
 # Re-exported: callers import the seq rules and patterns from here, as before.
@@ -195,8 +195,9 @@ class Task(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _shallow_extras(self) -> "Task":
-        plan_rules.check_extra_depth(self.model_extra or {})
+    def _shallow_extras(self, info: ValidationInfo) -> "Task":
+        if info.context and info.context.get(plan_rules.NEW_INPUT):  # not a plan saved earlier
+            plan_rules.check_extra_depth(self.model_extra or {})
         return self
 
     @property
@@ -230,8 +231,9 @@ class Plan(BaseModel):
         return plan_rules.check_campaign_slug(value)
 
     @model_validator(mode="after")
-    def _shallow_extras(self) -> "Plan":
-        plan_rules.check_extra_depth(self.model_extra or {})
+    def _shallow_extras(self, info: ValidationInfo) -> "Plan":
+        if info.context and info.context.get(plan_rules.NEW_INPUT):  # not a plan saved earlier
+            plan_rules.check_extra_depth(self.model_extra or {})
         return self
 
     def task(self, seq: Any) -> Task:

@@ -101,6 +101,10 @@ def check_no_self_dependency(seq: str, depends: list[str]) -> None:
 #: extras were accepted, then failed as an internal error when the plan was saved. No plan needs
 #: a tenth of this.
 MAX_EXTRA_DEPTH = 64
+#: Key of the pydantic validation context that marks a plan as new input (`ftl.validation`
+#: passes it): only new input is held to `MAX_EXTRA_DEPTH`, so a plan saved before the limit
+#: existed still loads.
+NEW_INPUT = "new_input"
 
 
 def nests_deeper_than(value: Any, limit: int) -> bool:

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping
 
 from pydantic import BaseModel, ValidationError
 
-from ftl import dag
+from ftl import dag, plan_rules
 from ftl.errors import FtlError
 from ftl.models import Idioms, Plan, Task, normalize_depends, normalize_seq
 
@@ -249,7 +249,7 @@ def parse_plan(raw: object, *, source: str = "plan", known_seqs: Iterable[str] =
                        "fix": 'send an object with "objective" and "tasks"'}]
         raise _schema_error(source, violations)
     try:
-        plan: Plan | None = Plan.model_validate(raw)
+        plan: Plan | None = Plan.model_validate(raw, context={plan_rules.NEW_INPUT: True})
         schema_violations: list[Violation] = []
     except ValidationError as exc:
         plan = None

@@ -421,7 +421,8 @@ def _attempt_on_cluster(run: Run, task: Any, workspace: Any, spec: dict[str, Any
                                       state=run.machine_state, escalate=_escalate_remote,
                                       cancel=cancel)
         except FtlError as error:
-            if cancel.is_set():
+            # "cancelled" from the cluster: the run's cancel, or the cluster lost (resumable).
+            if cancel.is_set() or error.error_type == "cancelled":
                 return TaskOutcome(seq, "cancelled", {})
             return _block(run, workspace, error, **_where(placed))
         if result["phase"] == "scope":

@@ -89,16 +89,27 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
     # Not the task's timeout: a limit, often the same for every task, which flattens the order
     # to chain length (0.943 of the bound on the 18-task DAG against 0.973, bench_priority.py).
     durations = {r["seq"]: r["spec"].get("budget", 5) * run.config.seconds_per_budget for r in rows}
+    cluster = run.cluster
+    if cluster is not None and cluster.lost is not None:
+        raise _cluster_lost(cluster)
     token = CancelToken()
     # A lost cluster cancels the run (its tasks go back to pending), then stops it resumably.
-    executor = run.cluster.executor(on_lost=token.cancel) if run.cluster is not None else None
     scheduler = Scheduler(deps, jobs=jobs, run_task=lambda seq, token, worker: run_task(run, seq, token, worker),
                           on_start=on_start, on_finish=on_finish, done=done, blocked=blocked,
                           priority=critical_path_priority(deps, durations), cancel=token,
-                          executor=executor)
-    outcomes = scheduler.run()
-    if run.cluster is not None and run.cluster.lost is not None:
-        raise RunStopped(FtlError("worker_lost", {"cause": run.cluster.lost},
-                                  message=f"The Ray cluster at {run.cluster.address} was lost "
-                                          f"({run.cluster.lost})."))
+                          executor=cluster.executor(on_lost=token.cancel) if cluster is not None else None)
+    try:
+        outcomes = scheduler.run()
+    finally:
+        if cluster is not None:
+            cluster.run_finished()
+    if cluster is not None and cluster.lost is not None and any(
+            outcome.status == "cancelled" for outcome in outcomes.values()):
+        raise _cluster_lost(cluster)
     return outcomes
+
+
+def _cluster_lost(cluster: Any) -> RunStopped:
+    """The resumable stop for a lost Ray cluster (`ftl.executors.ray_cluster.RayCluster.lost`)."""
+    return RunStopped(FtlError("worker_lost", {"cause": cluster.lost},
+                               message=f"The Ray cluster at {cluster.address} was lost ({cluster.lost})."))

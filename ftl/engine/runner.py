@@ -81,8 +81,8 @@ class RunStopped(Exception):
     interrupted tasks are pending again, and ``RUN_END`` says why (outcome ``stopped``).
 
     Args:
-        error: what stopped it (e.g. ``worker_lost`` with ``{"cluster": "lost"}``); its
-            message and safe details become the run's summary.
+        error: what stopped it (e.g. ``worker_lost`` whose ``cause`` says why the cluster is
+            lost); its message and safe details become the run's summary.
     """
 
     def __init__(self, error: FtlError) -> None:
@@ -462,7 +462,8 @@ class Runner:
                            "remove one of the two tables"})
         from ftl.executors.ray_cluster import RayCluster
 
-        return RayCluster(self.config.executor.address, self.repo)
+        return RayCluster(self.config.executor.address, self.repo,
+                          lost_after_s=self.config.executor.lost_after_s)
 
     def _connect_or_stop(self, log: ev.EventLog) -> Any:
         """Connect to the tool server (and the Ray cluster, when configured): ``(client,
@@ -547,6 +548,8 @@ class Runner:
                 if state is State.ERROR and run.error is not None:
                     entry.update(error_type=run.error.error_type, route=run.error.kind.route.value)
                 run.log.emit(ev.STATE_ENTRY, state=state.value, **entry)
+                if run.cluster is not None and run.cluster.lost is not None:
+                    run.cluster.shutdown()  # else Ray's driver ends this process a minute on
                 if entry.get("resumed"):
                     self._reap_orphans(run, state)
                 self.store.save_machine(run.campaign_id, state.value, run.tracked_json(),

@@ -28,6 +28,7 @@ each node in a cache it shares between its workers; the result comes back as a b
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
@@ -41,7 +42,7 @@ from ftl.executors.base import Health
 from ftl.executors.local import LocalExecutor
 
 __all__ = ["RayCluster", "RayExecutor", "remote_attempt", "forget_campaign", "INSTALL_HINT",
-           "CANCEL_GRACE_S", "WATCH_S", "LOST_AFTER"]
+           "CANCEL_GRACE_S", "WATCH_S", "LOST_AFTER_S"]
 
 _LOG = logging.getLogger("ftl.executors.ray")
 INSTALL_HINT = "pip install 'ftl-runner[ray]'"
@@ -52,10 +53,12 @@ CANCEL_GRACE_S = 5.0
 #: Links per segment of the bundle chain (see `RayCluster._chain_to`).
 CHAIN_SEGMENT = 32
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
-#: How often the driver probes the head while connected, s; the cluster is lost after
-#: `LOST_AFTER` refusals in a row (Ray's driver gives the head 60 s, then ends the process).
+#: How often the driver probes the head while connected, s.
 WATCH_S = 1.0
-LOST_AFTER = 2
+#: Default of ``[executor] lost_after_s``: how long the head must refuse connections before the
+#: cluster counts as lost, s. Under Ray's own 60 s (its driver then ends the process), above
+#: the 10-30 s a fault-tolerant GCS takes to come back.
+LOST_AFTER_S = 15.0
 
 
 def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -119,6 +122,8 @@ class RayCluster:
     """The driver's connection to a Ray cluster, for the whole run (closed with `shutdown`).
 
     Args:
+        lost_after_s: how long the head must refuse connections before the cluster is lost
+            (`lost`), s.
         address: ``"auto"`` (a cluster started on this machine with ``ray start``),
             ``"HOST:PORT"`` of a head node, or ``"ray://HOST:PORT"`` (Ray Client).
         repo: the driver's repository (bundles are made from it).
@@ -128,7 +133,7 @@ class RayCluster:
             answers at ``address``.
     """
 
-    def __init__(self, address: str, repo: Path) -> None:
+    def __init__(self, address: str, repo: Path, *, lost_after_s: float = LOST_AFTER_S) -> None:
         try:
             import ray
         except ImportError:
@@ -173,24 +178,33 @@ class RayCluster:
                 self._gcs = ray.get_runtime_context().gcs_address
             except Exception:  # noqa: BLE001 - unknown: a lost worker stays a task's failure
                 pass
-            if self._gcs and not self._head_answers():
+            if self._gcs and self._probe() is not True:
                 self._gcs = None  # not reachable as a plain TCP address from here: no probe
-        #: Why the whole cluster is lost (its head refuses connections), else None.
+        #: Why the whole cluster is lost (its head refused connections for `lost_after_s`),
+        #: else None. Once set, no Ray call is made again except `shutdown`.
         self.lost: str | None = None
+        self.lost_after_s = lost_after_s
+        self._refused_since: float | None = None  # first refusal of the current run of them
         self._on_lost: Callable[[], None] | None = None
         self._closed = threading.Event()
         self._watchdog: threading.Thread | None = None
+        self._read_nodes()  # the head answered just now: the largest node, for run_attempt
 
     def executor(self, on_lost: Callable[[], None] | None = None) -> RayExecutor:
         """A fresh executor (driver threads) for one scheduler run on this cluster.
 
         Args:
-            on_lost: called once when the whole cluster is gone (`lost`); the runner passes
-                its scheduler's cancel, so no task starts and the running ones end
-                ``cancelled`` (resumable), not blocked.
+            on_lost: called once if the whole cluster is lost during this run (`lost`); the
+                runner passes its scheduler's cancel, so no task starts and the running ones
+                end ``cancelled`` (resumable), not blocked. Cleared by `run_finished`.
+
+        Raises:
+            FtlError(cancelled): the cluster is already lost (`lost`).
         """
         with self._lock:
-            self._cancelled = self.lost is not None
+            if self.lost is not None:
+                raise FtlError("cancelled", {"what": f"the Ray cluster at {self.address}"})
+            self._cancelled = False
             self._on_lost = on_lost
             if self._watchdog is None and self._gcs:
                 self._watchdog = threading.Thread(target=self._watch, name="ftl-ray-watch",
@@ -198,46 +212,86 @@ class RayCluster:
                 self._watchdog.start()
         return RayExecutor(self)
 
-    def _head_answers(self, timeout_s: float = 1.0) -> bool:
-        """Whether the head's GCS accepts a TCP connection (True when its address is unknown)."""
+    def run_finished(self) -> None:
+        """The scheduler run of the last `executor` ended: its ``on_lost`` is not called again."""
+        with self._lock:
+            self._on_lost = None
+
+    def _probe(self, timeout_s: float = 1.0) -> bool | None:
+        """The head's GCS: True when it accepts a TCP connection, False when it refuses one
+        (nothing listens: stopped or crashed, or the host is unreachable), None when the probe
+        says nothing (a timeout, no address to probe, a local error such as EMFILE)."""
         if not self._gcs:
-            return True
+            return None
         host, _, port = self._gcs.rpartition(":")
         try:
             with socket.create_connection((host, int(port)), timeout=timeout_s):
                 return True
-        except (OSError, ValueError):
+        except (ConnectionRefusedError, ConnectionResetError):
             return False
+        except OSError as exc:
+            return False if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH) else None
+        except ValueError:
+            return None
+
+    def _observe(self, answer: bool | None) -> None:
+        """Fold one probe into the refusal clock; mark the cluster lost once the head has
+        refused for `lost_after_s` (a probe that says nothing keeps the clock running)."""
+        now = time.monotonic()
+        with self._lock:
+            if answer is True:
+                self._refused_since = None
+                return
+            if answer is False and self._refused_since is None:
+                self._refused_since = now
+            since = self._refused_since
+        if since is not None and now - since >= self.lost_after_s:
+            self._mark_lost(f"the head at {self._gcs} refused connections for "
+                            f"{now - since:.0f} s")
 
     def _watch(self) -> None:
-        """Probe the head every `WATCH_S` while connected. Ray's driver waits a minute for a
-        GCS that went away and then ends this whole process; `LOST_AFTER` refusals in a row
-        (a head that crashed or was stopped) mark the cluster lost well before that, so the
-        run can stop resumably and `shutdown` can disconnect in time."""
-        refusals = 0
-        while not self._closed.wait(WATCH_S):
-            refusals = 0 if self._head_answers() else refusals + 1
-            if refusals >= LOST_AFTER:
-                self._mark_lost(f"the head at {self._gcs} refuses connections")
-                return
+        """Probe the head every `WATCH_S` while connected, and refresh the nodes' CPUs (at
+        most every 10 s, only right after the head answered), so no task thread ever waits in
+        a Ray call for a head that went away: Ray's driver waits a minute for it and then
+        ends this whole process. A head refusing for `lost_after_s` marks the cluster lost,
+        well before that, so the run can stop resumably and `shutdown` in time."""
+        while not self._closed.wait(WATCH_S) and self.lost is None:
+            answer = self._probe()
+            self._observe(answer)
+            if answer is True and time.monotonic() - self._nodes_read_at > 10.0:
+                self._read_nodes()
 
-    def _check_cluster(self, cause: str) -> None:
-        """After a lost worker: a head that refuses connections too means the cluster is lost
-        (the watchdog would find it a moment later; this is the fast path)."""
-        if self.lost is None and not self._head_answers():
-            self._mark_lost(f"{cause}; the head at {self._gcs} refuses connections")
+    def _hold_while_refused(self, cancel: threading.Event) -> None:
+        """After a lost worker: while the head refuses connections, wait for the verdict, so
+        a task is not failed for a cluster that is going away. Returns when the head answers
+        again (the worker's loss was the task's); raises when the cluster is lost or the task
+        is cancelled meanwhile.
+
+        Raises:
+            FtlError(cancelled): the cluster was lost (`lost`), or ``cancel`` was set.
+        """
+        while self.lost is None and not cancel.is_set():
+            answer = self._probe()
+            self._observe(answer)
+            if answer is not False:
+                return
+            cancel.wait(WATCH_S)
+        raise FtlError("cancelled", {"what": f"the Ray cluster at {self.address}"})
 
     def _mark_lost(self, why: str) -> None:
-        """Record why the cluster is lost, stop sending work, and tell the run (once)."""
+        """Record why the cluster is lost, tell the run (once, before any task can see a
+        refusal: the run's cancel is what makes a refused attempt ``cancelled``, not blocked),
+        then stop sending work."""
         with self._lock:
             if self.lost is not None:
                 return
             self.lost = why
-            self._cancelled = True
             on_lost = self._on_lost
         _LOG.error("Ray cluster at %s lost: %s", self.address, why)
         if on_lost is not None:
             on_lost()
+        with self._lock:
+            self._cancelled = True
 
     def cancel(self) -> None:
         """Cancel every attempt in flight (idempotent); their calls end ``cancelled``.
@@ -280,6 +334,11 @@ class RayCluster:
     def heartbeat(self) -> Health:
         if self.lost is not None:  # no Ray call: it would wait for the head for a minute
             return Health("ray", False, [], 0, f"Ray cluster at {self.address}: lost ({self.lost})")
+        return self._read_nodes()
+
+    def _read_nodes(self) -> Health:
+        """Ask Ray for the live nodes (a GCS call: it waits if the head is gone), and keep the
+        largest node's CPUs for `run_attempt`."""
         try:
             nodes = [{"node": n["NodeID"][:12], "address": n.get("NodeManagerAddress", ""),
                       "cpus": float((n.get("Resources") or {}).get("CPU", 0.0))}
@@ -289,13 +348,16 @@ class RayCluster:
             nodes, alive = [], False
         with self._lock:
             running = len(self._inflight)
+            if alive:
+                self._largest = max(n["cpus"] for n in nodes)
+                self._nodes_read_at = time.monotonic()
         return Health("ray", alive, nodes, running, f"Ray cluster at {self.address}")
 
     def forget(self, campaign_id: str, timeout_s: float = 30.0) -> int:
         """At a campaign's end: remove its history cache and any attempt checkouts a killed
         worker left, on every live node. Returns the entries removed; never raises (a node
         that does not answer keeps its leftovers until its temporary folder is cleaned)."""
-        if self.lost is not None:
+        if self.lost is not None or self._probe() is False:  # no Ray call that would wait
             return 0
         try:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -311,7 +373,10 @@ class RayCluster:
             return 0
 
     def shutdown(self) -> None:
-        """Disconnect (the cluster keeps running); idempotent."""
+        """Disconnect (the cluster keeps running); idempotent. Also what keeps this process
+        alive once the cluster is lost: Ray's driver ends it a minute after its head went."""
+        if self._closed.is_set():
+            return
         self._closed.set()
         with self._chain_lock:
             self._segments.clear()
@@ -388,12 +453,11 @@ class RayCluster:
         return result
 
     def _largest_node_cpus(self) -> float | None:
-        """CPUs of the cluster's largest live node (read at most every 10 s), None if unknown."""
-        now = time.monotonic()
-        if now - self._nodes_read_at > 10.0:
-            nodes = self.heartbeat().nodes
-            self._largest = max((n["cpus"] for n in nodes), default=None)
-            self._nodes_read_at = now
+        """CPUs of the cluster's largest live node, None if unknown. The watchdog keeps it
+        fresh (every 10 s, right after the head answered); without one (Ray Client), a task
+        thread reads it, at most every 10 s."""
+        if self._watchdog is None and time.monotonic() - self._nodes_read_at > 10.0:
+            self._read_nodes()
         return self._largest
 
     def _chain_to(self, base: str) -> list[tuple[str, Any]]:
@@ -446,7 +510,7 @@ class RayCluster:
                         "timeout_s": float(request["timeout_s"]) + float(request["verify_timeout_s"])
                         + _DEADLINE_SLACK_S})
         except StopIteration:
-            self._check_cluster("the attempt ended without a result")
+            self._hold_while_refused(cancel)
             raise FtlError("worker_lost", {"seq": seq, "cause": "the attempt ended without a "
                                                                 "result"}) from None
         except self._task_cancelled:
@@ -454,7 +518,7 @@ class RayCluster:
         except self._lost as exc:
             if cancel.is_set() or self._cancelled:  # a force-cancel kills the worker: not lost
                 raise FtlError("cancelled", {"what": f"task {seq}"}) from None
-            self._check_cluster(type(exc).__name__)
+            self._hold_while_refused(cancel)
             raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
         except self._task_error as exc:
             # The node's message may name its paths: the log gets it, a response never does.

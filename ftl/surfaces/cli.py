@@ -182,8 +182,8 @@ def _finish(result: Any, as_json: bool) -> int:
         error = result.summary.get("error", {})
         payload = envelope.failure(FtlError(error.get("error_type", "internal_error"),
                                             error.get("details"), message=error.get("message")))
-        payload["data"]["summary"] = result.summary
-        payload["data"]["campaign_id"] = result.campaign_id
+        payload["data"].update(summary=result.summary, campaign_id=result.campaign_id,
+                               exit_code=result.exit_code)  # as the MCP server's result has it
     else:
         payload = envelope.success(data, warnings=warnings)
     human = result.summary.get("message") if isinstance(result.summary, dict) else None
