@@ -484,15 +484,22 @@ def test_with_one_job_a_task_writing_another_tasks_file_is_blocked(tmp_path: Pat
     assert "a.txt" in tasks["002"]["block_reason"]
 
 
-def _scope_run(jobs: int, flow: Flow = Flow.CAMPAIGN) -> SimpleNamespace:
+def _scope_run(jobs: int, flow: Flow = Flow.CAMPAIGN, graph: tuple = ({}, {})) -> SimpleNamespace:
     def task(seq: str, depends: list[str]) -> dict:
         return {"seq": seq, "slug": f"t{seq}", "delta": [f"{seq}.txt"], "creates": [f"new/{seq}"],
                 "verify": "true", "depends": depends or "none"}
 
     plan = Plan.model_validate({"objective": "x", "tasks": [
         task("001", []), task("002", ["001"]), task("003", ["002"]), task("004", []), task("005", [])]})
-    return SimpleNamespace(flow=flow, config=Config(jobs=jobs), current_plan=plan,
-                           task_isolation=lambda task: "shared")
+    reads: list[str] = []
+
+    def task_graph(campaign_id: str) -> tuple:
+        reads.append(campaign_id)
+        return graph
+
+    return SimpleNamespace(flow=flow, config=Config(jobs=jobs), current_plan=plan, campaign_id="c-1",
+                           task_isolation=lambda task: "shared", graph_reads=reads,
+                           store=SimpleNamespace(task_graph=task_graph))
 
 
 def test_only_tasks_that_can_run_alongside_are_excluded_from_the_scope_check() -> None:
@@ -502,10 +509,15 @@ def test_only_tasks_that_can_run_alongside_are_excluded_from_the_scope_check() -
             {"seq": "004", "depends": [], "status": "running"},
             {"seq": "005", "depends": [], "status": "blocked"}]
     graph = ({r["seq"]: r["depends"] for r in rows}, {r["seq"]: r["status"] for r in rows})
-    assert build_state._concurrent_paths(_scope_run(jobs=1), "002", graph) == []
-    assert build_state._concurrent_paths(_scope_run(jobs=4, flow=Flow.TASK), "002", graph) == []
+    one_job, task_flow, parallel = (_scope_run(jobs=1, graph=graph),
+                                    _scope_run(jobs=4, flow=Flow.TASK, graph=graph),
+                                    _scope_run(jobs=4, graph=graph))
+    assert build_state._concurrent_paths(one_job, "002") == []
+    assert build_state._concurrent_paths(task_flow, "002") == []
     # 001 is an ancestor, 003 a descendant, 005 has finished: only 004 can run alongside 002.
-    assert build_state._concurrent_paths(_scope_run(jobs=4), "002", graph) == ["004.txt", "new/004"]
+    assert build_state._concurrent_paths(parallel, "002") == ["004.txt", "new/004"]
+    # Only the run that can have tasks alongside reads the whole graph (issue 11 item 4).
+    assert (one_job.graph_reads, task_flow.graph_reads, parallel.graph_reads) == ([], [], ["c-1"])
 
 
 # --------------------------------------------------------------------------- 10: errors outside tool calls
