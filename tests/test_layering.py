@@ -32,7 +32,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("manglecp", "vcs"),  # the protocol; the only room that runs git
     ("gate", "memory"),   # the four gates; cross-campaign memory
     ("telemetry",),       # logs, metrics, progress views
-    (GROUND,),            # models, errors, config, dag, store, events, sanitize, ...
+    ("store",),           # the SQLite store: campaigns, plans, tasks, workspaces, explorations
+    (GROUND,),            # models, errors, config, dag, events, sanitize, ...
 )
 RANK = {room: depth for depth, layer in enumerate(LAYERS) for room in layer}
 
@@ -45,8 +46,8 @@ ENTRY_POINTS = {
 # Upward imports that exist today, each with why and the fix. The test fails when one of them
 # disappears, so the list only shrinks.
 KNOWN_UPWARD = {
-    ("ftl.store", "ftl.memory"):
-        "Store.memory_store() hands out the memory room's MemoryStore, whose SQL imports ftl.store; "
+    ("ftl.store.memory_facade", "ftl.memory"):
+        "Store.memory_store() hands out the memory room's MemoryStore, which is built on a Store; "
         "fix: callers build ftl.memory.MemoryStore(store) themselves",
     ("ftl.postmortem.cli", "ftl.surfaces"):
         "the `ftl replay` and `ftl diagram` commands (design §2 files them with the postmortem) "

@@ -1,0 +1,92 @@
+"""The rooms of the ``ftl.store`` package stay visible: each module owns one concern, imports only
+the siblings below it, and ``from ftl.store import name`` keeps working for every name ftl, its
+scripts, tests, benchmarks and examples import (the package was one module, ``ftl/store.py``)."""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import ftl.store
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "ftl" / "store"
+PROJECT_DIRS = ("ftl", "states", "lib", "tests", "bench", "examples")
+MAX_LINES = 500
+
+# module -> the sibling modules it may import at module level (the package's order, lowest first)
+ALLOWED = {
+    "codec": set(), "schema": set(),
+    "campaigns": {"codec"}, "plans": {"codec"}, "tasks": {"codec"}, "task_set": {"codec", "tasks"},
+    "workspaces": {"codec"}, "explorations": {"codec"}, "memory_facade": {"codec"},
+}
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """The ``ftl.store`` siblings ``path`` imports when it loads (not inside functions)."""
+    found = set()
+    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
+    while body:
+        node = body.pop()
+        if isinstance(node, (ast.If, ast.Try)):
+            body.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ftl.store."):
+            found.add(node.module.split(".")[2])
+        elif isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[2] for alias in node.names
+                         if alias.name.startswith("ftl.store."))
+    return found
+
+
+def test_store_modules_import_downwards_without_a_circle() -> None:
+    modules = {path.stem for path in PACKAGE.glob("*.py")} - {"__init__"}
+    assert modules == set(ALLOWED), "place the new module in ALLOWED (tests/test_store_layout.py)"
+    graph = {name: _top_level_imports(PACKAGE / f"{name}.py") for name in modules}
+    graphlib.TopologicalSorter(graph).prepare()  # raises CycleError naming the circle
+    for name, allowed in ALLOWED.items():
+        assert graph[name] <= allowed, f"ftl.store.{name} imports {sorted(graph[name] - allowed)}"
+
+
+def test_each_module_says_what_it_owns_and_stays_small() -> None:
+    for path in sorted(PACKAGE.glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert ast.get_docstring(ast.parse(text)), f"{path.name} needs a module docstring"
+        assert text.count("\n") <= MAX_LINES, f"{path.name} has {text.count(chr(10))} lines"
+
+
+def _names_imported_from_store() -> dict[str, str]:
+    """name -> where it is imported, for every ``from ftl.store import name`` in the project."""
+    found: dict[str, str] = {}
+    for folder in PROJECT_DIRS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if path.is_relative_to(PACKAGE):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module == "ftl.store" and not node.level:
+                    for alias in node.names:
+                        found.setdefault(alias.name, f"{path.relative_to(ROOT)}:{node.lineno}")
+    return found
+
+
+def test_every_name_imported_from_the_store_is_still_there() -> None:
+    names = _names_imported_from_store()
+    assert {"Store", "TRANSITIONS", "_INSERT_BATCH"} <= set(names)  # the scan sees the imports
+    missing = [f"{where} imports {name}" for name, where in names.items() if not hasattr(ftl.store, name)]
+    assert missing == []
+
+
+def test_importing_the_store_loads_neither_the_models_nor_logging() -> None:
+    # TRANSITIONS is built on first use: the store alone never loads pydantic (tests/test_cold_start.py)
+    probe = ("import json, sys; import ftl.store; before = sorted(sys.modules); ftl.store.TRANSITIONS; "
+             "print(json.dumps([before, sorted(sys.modules)]))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60,
+                          check=True)
+    before, after = (set(names) for names in json.loads(done.stdout))
+    ftl_modules = {m for m in before if m == "ftl" or m.startswith("ftl.")}
+    assert ftl_modules - {m for m in before if m.startswith("ftl.store")} == {"ftl", "ftl.dag", "ftl.errors"}
+    assert not {"ftl.models", "pydantic", "logging"} & before
+    assert "ftl.models" in after
