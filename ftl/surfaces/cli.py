@@ -163,6 +163,15 @@ def _run_with(view: Any, action: Callable[[], Any], metrics_file: Path | None,
             write_textfile(metrics_file)
 
 
+def executor_options(func: Callable) -> Callable:
+    """``--executor`` and ``--ray-address`` (the ``[executor]`` table), for run and resume."""
+    func = click.option("--ray-address", help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
+                                              "(default: [executor] address, else auto).")(func)
+    return click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]),
+                        help="Where task attempts run: this machine, or a Ray cluster (default: "
+                             "ftl.toml's [executor] kind, else local).")(func)
+
+
 def metrics_option(func: Callable) -> Callable:
     return click.option("--metrics-file", type=click.Path(dir_okay=False, path_type=Path),
                         help="Write Prometheus counters (ftl_errors_total, ftl_retries_total, "
@@ -212,11 +221,7 @@ def _sigterm_as_interrupt() -> None:
 @click.option("--isolation", type=click.Choice(["auto", "worktree", "shared"]),
               help="Where tasks run: a git worktree each, or the shared checkout (default: "
                    "ftl.toml's isolation, else auto = worktree in a git work tree).")
-@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]),
-              help="Where task attempts run: this machine, or a Ray cluster (default: "
-                   "ftl.toml's [executor] kind, else local).")
-@click.option("--ray-address", help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
-                                    "(default: [executor] address, else auto).")
+@executor_options
 @metrics_option
 @json_option
 @handled
@@ -292,11 +297,7 @@ def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
               help="Kill at once the build and verify commands the interrupted run left running "
                    "(default: let them finish, up to their task timeout, so a finished build is "
                    "reused rather than run again).")
-@click.option("--executor", "executor_kind", type=click.Choice(["local", "ray"]),
-              help="Where task attempts run: this machine, or a Ray cluster (default: "
-                   "ftl.toml's [executor] kind, else local).")
-@click.option("--ray-address", help="Ray cluster: auto, HOST:PORT or ray://HOST:PORT "
-                                    "(default: [executor] address, else auto).")
+@executor_options
 @metrics_option
 @json_option
 @handled
