@@ -90,3 +90,49 @@ def test_importing_the_store_loads_neither_the_models_nor_logging() -> None:
     assert ftl_modules - {m for m in before if m.startswith("ftl.store")} == {"ftl", "ftl.dag", "ftl.errors"}
     assert not {"ftl.models", "pydantic", "logging"} & before
     assert "ftl.models" in after
+
+
+# The store's private plumbing, which code outside the package reached for before `Store.session`,
+# `clock`, `now` and `prepared` existed (ftl/memory/store.py did, twenty times).
+_PRIVATE = {"_session", "_clock", "_now", "_conn", "_lock", "_translate", "_memory_ready"}
+
+
+def test_no_room_outside_the_package_reaches_into_the_stores_private_plumbing() -> None:
+    offenders = []
+    for directory in ("ftl", "states", "lib"):
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            if PACKAGE in path.parents:
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if (isinstance(node, ast.Attribute) and node.attr in _PRIVATE
+                        and "store" in ast.unparse(node.value).lower()):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} {ast.unparse(node)}")
+    assert offenders == []
+
+
+def test_a_room_prepares_its_tables_once_and_its_session_rolls_back_on_error(tmp_path: Path) -> None:
+    import sqlite3
+
+    import pytest
+
+    from ftl.errors import FtlError
+
+    calls = []
+
+    def setup(conn: sqlite3.Connection) -> None:
+        calls.append(1)
+        conn.execute("CREATE TABLE IF NOT EXISTS room_note (text TEXT NOT NULL)")
+
+    with ftl.store.Store.for_repo(tmp_path) as store:
+        store.prepared("notes", setup)
+        store.prepared("notes", setup)
+        assert calls == [1]
+        with pytest.raises(RuntimeError), store.session(write=True) as conn:
+            conn.execute("INSERT INTO room_note VALUES ('kept?')")
+            raise RuntimeError("the room's own failure")
+        with store.session() as conn:
+            assert conn.execute("SELECT COUNT(*) FROM room_note").fetchone()[0] == 0
+        with pytest.raises(FtlError) as caught, store.session(write=True) as conn:
+            conn.execute("INSERT INTO room_note VALUES (NULL)")  # NOT NULL: a constraint
+        assert caught.value.error_type == "conflict"
+        assert store.now().endswith("Z") and store.clock().tzinfo is not None

@@ -118,16 +118,13 @@ class MemoryStore:
     """The memory of one `ftl.store.Store` (same file, same lock, same clock).
 
     Args:
-        store: the `ftl.store.Store`; its private session and clock are used on purpose (this
-            module is the store's memory part, split out of ``ftl/store.py``).
+        store: the `ftl.store.Store` whose file holds the memory tables; used through its API
+            for rooms with their own tables (`Store.session`, `clock`, `now`, `prepared`).
     """
 
     def __init__(self, store: Any) -> None:
         self._store = store
-        if not getattr(store, "_memory_ready", False):
-            with store._session(write=True) as conn:
-                self._ensure_schema(conn)
-            store._memory_ready = True
+        store.prepared("memory", self._ensure_schema)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -149,11 +146,11 @@ class MemoryStore:
                      row["updated_at"]))
 
     def _now(self) -> datetime:
-        moment = self._store._clock()
+        moment = self._store.clock()
         return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
     def _ts(self) -> str:
-        return self._store._now()
+        return self._store.now()
 
     @staticmethod
     def _entry(row: sqlite3.Row) -> dict[str, Any]:
@@ -237,7 +234,7 @@ class MemoryStore:
             if problem:
                 return f"rejected:{problem}"
         extra = {k: v for k, v in entry.items() if k not in _CORE_KEYS}
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             existing = self._row(conn, name, entry_type)
             if existing is None and trigger:
                 for row in conn.execute("SELECT * FROM memory_entry WHERE type = ? ORDER BY id",
@@ -277,7 +274,7 @@ class MemoryStore:
         name = status.split(":", 1)[1] if ":" in status else entry["name"]
         if status.startswith("duplicate:"):
             source = entry.get("source") or []
-            with self._store._session(write=True) as conn:
+            with self._store.session(write=True) as conn:
                 row = self._row(conn, name, entry_type)
                 merged = json.loads(row["source"] or "[]")
                 merged += [s for s in source if s not in merged]
@@ -287,7 +284,7 @@ class MemoryStore:
 
     def get(self, name: str, entry_type: str = "failure") -> dict[str, Any] | None:
         """One entry by name and type, or None."""
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             row = self._row(conn, name, _check_type(entry_type))
         return None if row is None else self._entry(row)
 
@@ -305,7 +302,7 @@ class MemoryStore:
         if limit is not None:
             query += " LIMIT ?"
             args.append(limit)
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             return [self._entry(r) for r in conn.execute(query, args).fetchall()]
 
     # ------------------------------------------------------------------ retrieval
@@ -352,7 +349,7 @@ class MemoryStore:
         """
         now = self._now()
         out: dict[str, list[dict]] = {}
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             matches = self._matches(conn, objective, None) if objective else {}
             for entry_type, limit in (("failure", max_failures), ("pattern", max_patterns)):
                 rows = conn.execute("SELECT * FROM memory_entry WHERE type = ? ORDER BY id",
@@ -404,7 +401,7 @@ class MemoryStore:
     def query(self, topic: str, threshold: float = 0.3) -> list[dict[str, Any]]:
         """Entries whose relevance to ``topic`` is above ``threshold``, best first, each with
         ``score`` (bm25-derived relevance, 3 decimals) (FTL ``query``)."""
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             matches = self._matches(conn, topic, None)
             rows = conn.execute("SELECT * FROM memory_entry ORDER BY id").fetchall()
         results = []
@@ -421,7 +418,7 @@ class MemoryStore:
         names = [n for n in names if n]
         if not names:
             return
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             now = self._ts()
             conn.executemany("UPDATE memory_entry SET access_count = access_count + 1, last_accessed = ? "
                              "WHERE name = ? AND type = ?", [(now, n, entry_type) for n in names])
@@ -433,7 +430,7 @@ class MemoryStore:
         importance (`scoring.feedback_importance`). Returns ``updated`` or ``not_found``."""
         entry_type = _check_type(entry_type)
         column = "times_helped" if helped else "times_failed"
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             row = self._row(conn, name, entry_type)
             if row is None:
                 return "not_found"
@@ -468,7 +465,7 @@ class MemoryStore:
         used, shown = pairs(utilized, "utilized"), pairs(injected, "injected")
         result = {"helped": 0, "not_helped": 0}
         if once_key is not None:
-            with self._store._session(write=True) as conn:
+            with self._store.session(write=True) as conn:
                 if conn.execute("INSERT OR IGNORE INTO memory_feedback_seen (key, created_at) VALUES (?, ?)",
                                 (once_key, self._ts())).rowcount == 0:
                     return result
@@ -490,7 +487,7 @@ class MemoryStore:
             raise _violation("--half-life", "must be > 0", "give a half-life in days, e.g. 30")
         now = self._now()
         result: dict[str, int] = {}
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             edges_before = conn.execute("SELECT COUNT(*) FROM memory_edge").fetchone()[0]
             for entry_type, limit in (("failure", max_failures), ("pattern", max_patterns)):
                 rows = conn.execute("SELECT * FROM memory_entry WHERE type = ? ORDER BY id",
@@ -523,7 +520,7 @@ class MemoryStore:
         if rel_type not in scoring.RELATIONSHIP_TYPES:
             return f"invalid_type:{rel_type}"
         entry_type = "failure" if entry_type == "failure" else "pattern"
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             src, dst = self._row(conn, source, entry_type), self._row(conn, target, entry_type)
             if src is None:
                 return f"not_found:{source}"
@@ -556,7 +553,7 @@ class MemoryStore:
         (FTL ``get_related_entries``, breadth first)."""
         weights = weights or scoring.RELATIONSHIP_WEIGHTS
         entry_type = "failure" if entry_type == "failure" else "pattern"
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             start = self._row(conn, name, entry_type)
             if start is None:
                 return []
@@ -593,7 +590,7 @@ class MemoryStore:
         ``not_found:pattern:<n>`` or ``invalid_type:<t>`` (FTL ``add_cross_relationship``)."""
         if rel_type not in scoring.CROSS_RELATIONSHIP_TYPES:
             return f"invalid_type:{rel_type}"
-        with self._store._session(write=True) as conn:
+        with self._store.session(write=True) as conn:
             frow, prow = self._row(conn, failure, "failure"), self._row(conn, pattern, "pattern")
             if frow is None:
                 return f"not_found:failure:{failure}"
@@ -615,7 +612,7 @@ class MemoryStore:
 
     def solutions(self, failure: str) -> list[dict[str, Any]]:
         """Patterns listed as solving ``failure`` (FTL ``get_solutions``); [] if unknown."""
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             frow = self._row(conn, failure, "failure")
             if frow is None:
                 return []
@@ -630,7 +627,7 @@ class MemoryStore:
         with_relationships, health: {stale_ratio, untested_ratio, orphan_count,
         tier_distribution}}`` (FTL ``get_stats``; tiers by access count 5/2/1)."""
         now = self._now()
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             rows = conn.execute("SELECT * FROM memory_entry ORDER BY id").fetchall()
         out = {}
         for entry_type in MEMORY_TYPES:
@@ -669,7 +666,7 @@ class MemoryStore:
 
     def feedback_totals(self) -> dict[str, Any]:
         """``{total, with_feedback: [names], helped, failed}`` over every entry (for verify-loop)."""
-        with self._store._session() as conn:
+        with self._store.session() as conn:
             rows = conn.execute("SELECT name, times_helped, times_failed FROM memory_entry ORDER BY id").fetchall()
         with_feedback = [r["name"] for r in rows if r["times_helped"] > 0 or r["times_failed"] > 0]
         return {"total": len(rows), "with_feedback": with_feedback,

@@ -123,6 +123,7 @@ class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, Workspa
         self.path = Path(path)
         self._label = f"{self.path.parent.name}/{self.path.name}" if self.path.parent.name else self.path.name
         self._clock = clock or _utc_now
+        self._prepared_rooms: set[str] = set()  # see `prepared`
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         try:
@@ -170,6 +171,38 @@ class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, Workspa
 
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
+
+    # ------------------------------------------------------------------ rooms with their own tables
+
+    def session(self, write: bool = False) -> Any:
+        """A context manager holding this store's lock and connection, for a room that keeps
+        its own tables in the same file (`ftl.memory.MemoryStore`): with ``write``, the body
+        runs in one ``BEGIN IMMEDIATE`` transaction (ROLLBACK on error). sqlite3 errors come out
+        as the same safe FtlErrors as the store's own (lock_contention, conflict,
+        internal_error).
+
+        Raises: FtlError(invalid_state) once the store is closed.
+        """
+        return self._session(write=write)
+
+    def clock(self) -> datetime:
+        """The store's notion of now (its injected clock: tests use a fake one)."""
+        return self._clock()
+
+    def now(self) -> str:
+        """`clock` as the RFC 3339 text every row's timestamps use (`format_ts`)."""
+        return self._now()
+
+    def prepared(self, room: str, setup: Any) -> None:
+        """Run ``setup(conn)`` (a room's CREATE ... IF NOT EXISTS) in one write transaction, once
+        per room and store; later calls return at once."""
+        with self._lock:
+            if room in self._prepared_rooms:
+                return
+        with self._session(write=True) as conn:
+            setup(conn)
+        with self._lock:
+            self._prepared_rooms.add(room)
 
     # ------------------------------------------------------------------ plumbing
 
