@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-__all__ = ["parent_death_setup", "record", "forget", "reap", "start_ticks", "LEDGER_DIR"]
+__all__ = ["parent_death_setup", "record", "forget", "reap", "start_ticks", "pid_stat", "LEDGER_DIR"]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LEDGER_DIR = Path(".ftl") / "procs"
@@ -54,8 +54,9 @@ def parent_death_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-def _stat(pid: int) -> tuple[int, int] | None:
-    """(process group, start time in clock ticks) of a live, non-zombie ``pid``, or None."""
+def pid_stat(pid: int) -> tuple[int, int] | None:
+    """(process group, start time in clock ticks) of a live, non-zombie ``pid``, or None
+    (gone, a zombie, or unreadable), from ``/proc/<pid>/stat``."""
     try:  # os.open/os.read: a third of open()'s cost; this runs for every recorded command
         fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
         try:
@@ -72,7 +73,7 @@ def _stat(pid: int) -> tuple[int, int] | None:
 
 def start_ticks(pid: int) -> int | None:
     """``pid``'s start time in clock ticks since boot (``/proc/<pid>/stat`` field 22)."""
-    found = _stat(pid)
+    found = pid_stat(pid)
     return found[1] if found else None
 
 
@@ -157,7 +158,7 @@ def _members(pgid: int, ticks: int) -> list[int]:
     group = []
     for name in os.listdir("/proc"):
         if name.isdigit():
-            found = _stat(int(name))
+            found = pid_stat(int(name))
             if found is not None and found[0] == pgid:
                 group.append((int(name), found[1]))
     # The kernel reuses a number as a pid only once no group uses it: a leader with this

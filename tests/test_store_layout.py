@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from module_probe import sibling_imports
+
 import ftl.store
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,18 +30,7 @@ ALLOWED = {
 
 def _top_level_imports(path: Path) -> set[str]:
     """The ``ftl.store`` siblings ``path`` imports when it loads (not inside functions)."""
-    found = set()
-    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
-    while body:
-        node = body.pop()
-        if isinstance(node, (ast.If, ast.Try)):
-            body.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ftl.store."):
-            found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[2] for alias in node.names
-                         if alias.name.startswith("ftl.store."))
-    return found
+    return sibling_imports(path, "ftl.store")
 
 
 def test_store_modules_import_downwards_without_a_circle() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -18,15 +17,7 @@ from ftl.errors import FtlError
 from ftl.models import Plan
 from ftl.plan_rows import PlanRows, lean_plan_rows
 from ftl.store import MIGRATIONS, SCHEMA_VERSION, Store
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = datetime(2026, 11, 21, 4, 15, 3, tzinfo=timezone.utc)
-
-    def __call__(self) -> datetime:
-        self.now += timedelta(seconds=1)
-        return self.now
+from test_store import FakeClock
 
 
 def raw_plan(seqs: list[int], *, objective: str = "ship it", verify: str = "true",

@@ -9,6 +9,8 @@ import graphlib
 import importlib
 from pathlib import Path
 
+from module_probe import sibling_imports
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "ftl" / "manglecp"
 PROJECT_DIRS = ("ftl", "states", "lib", "tests", "bench", "examples")
@@ -22,18 +24,7 @@ REEXPORTS = {"server": ("definitions", "access", "render"), "messages": ("facts"
 
 def _top_level_imports(path: Path) -> set[str]:
     """The ``ftl.manglecp`` siblings ``path`` imports when it loads (not inside functions)."""
-    found = set()
-    body = list(ast.parse(path.read_text(encoding="utf-8")).body)
-    while body:
-        node = body.pop()
-        if isinstance(node, (ast.If, ast.Try)):  # e.g. `if TYPE_CHECKING:` blocks
-            body.extend(node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", []))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ftl.manglecp."):
-            found.add(node.module.split(".")[2])
-        elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[2] for alias in node.names
-                         if alias.name.startswith("ftl.manglecp."))
-    return found
+    return sibling_imports(path, "ftl.manglecp")
 
 
 def test_manglecp_modules_import_without_a_circle() -> None:

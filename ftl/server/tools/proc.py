@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
-from ftl.processes import forget, parent_death_setup, record
+from ftl.processes import forget, parent_death_setup, pid_stat, record
 
 __all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
            "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
@@ -231,17 +231,8 @@ def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int
     for entry in entries:
         if not entry.isdigit() or (window is not None and not window(int(entry))):
             continue
-        try:  # os.open/os.read: a third of open()'s cost, and this runs after every command
-            fd = os.open(f"/proc/{entry}/stat", os.O_RDONLY)
-            try:
-                stat = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        # Fields after the parenthesised command name: state ppid pgrp ...
-        fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] != b"Z":
+        found = pid_stat(int(entry))  # None: gone, a zombie, or unreadable
+        if found is not None and found[0] == pgid:
             members.append(int(entry))
     return members
 
