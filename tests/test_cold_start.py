@@ -110,3 +110,31 @@ def test_light_lib_campaign_commands_import_neither_heavy_modules_nor_logging(re
     assert data["code"] == 0
     assert "_campaign" in data["modules"]
     assert _heavy(set(data["modules"])) == [] and "logging" not in data["modules"]
+
+
+_SERVER_PROBE = """
+import json, runpy, sys
+report = sys.argv.pop(1)
+code = 0
+try:
+    runpy.run_module("ftl.server.serve", run_name="__main__")
+except SystemExit as stop:
+    code = stop.code
+with open(report, "w") as out:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, out)
+"""
+
+
+def test_the_embedded_server_boots_without_the_plan_models_or_a_client(tmp_path: Path):
+    # issue 11 item 2: what the stdio server loads before its `ready` manifest is paid by every
+    # campaign before EXPLORE; the plan models and the validation behind them load at the first
+    # build or plan, the MangleCP client never (it is the runner's side)
+    report = tmp_path / "modules.json"
+    done = subprocess.run([sys.executable, "-c", _SERVER_PROBE, str(report), "--stdio", "--repo", str(tmp_path)],
+                          cwd=tmp_path, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    assert report.exists(), done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert data["code"] in (0, None) and '"status":"ready"' in done.stdout.splitlines()[0]
+    modules = set(data["modules"])
+    assert "ftl.manglecp.server" in modules and "ftl.server.tools.builders" in modules  # it did boot
+    assert {"ftl.models", "ftl.validation", "ftl.manglecp.client", "ftl.manglecp.transport"} & modules == set()

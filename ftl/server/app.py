@@ -16,19 +16,20 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ftl.config import Config
 from ftl.errors import FtlError
 from ftl.manglecp.access import BearerAuth
-from ftl.manglecp.client import ManglecpClient
 from ftl.manglecp.definitions import Clock, ServerInfo, ServerLimits
 from ftl.manglecp.messages import PredicateSchema
 from ftl.manglecp.server import ManglecpServer
-from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
 from ftl.server.catalog import (
     DELTA_PREDICATES, SKILLS, TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities)
 from ftl.server.evaluator import RULES_DIR, ClingoEvaluator
+
+if TYPE_CHECKING:  # the client is imported by `connect`, not by a server that boots
+    from ftl.manglecp.client import ManglecpClient
 
 log = logging.getLogger("ftl.server.app")
 
@@ -220,6 +221,9 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
         FtlError(configuration_error): an unknown server spec, or gates configured but
             unavailable; FtlError(network_error): the server could not be started or reached.
     """
+    from ftl.manglecp.client import ManglecpClient
+    from ftl.manglecp.transport import HttpTransport, InProcessTransport, StdioTransport
+
     spec = server if server is not None else config.server
     options: dict[str, Any] = {} if max_retries is None else {"max_retries": max_retries}
     if spec in (None, "", "embedded"):

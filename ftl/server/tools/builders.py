@@ -19,17 +19,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftl.errors import FtlError
 from ftl.processes import LEDGER_DIR
-from ftl.models import BuildResult, Workspace
 from ftl.server.tools.context import ToolContext, resolve_workdir
 from ftl.server.tools.proc import CommandResult, changed_paths, run_command, snapshot_tree
-from ftl.validation import json_path
 from ftl.vcs.scope import out_of_scope
+
+if TYPE_CHECKING:  # imported where used: the server's boot does not build these models
+    from ftl.models import BuildResult, Workspace
 
 __all__ = ["BuildArgs", "shell_builder", "agent_builder", "parse_build_result", "out_of_scope",
            "EX_TEMPFAIL"]
@@ -49,6 +50,9 @@ class BuildArgs(BaseModel):
 
 
 def _workspace(raw: dict[str, Any]) -> Workspace:
+    from ftl.models import Workspace
+    from ftl.validation import json_path
+
     try:
         return Workspace.model_validate(raw)
     except ValidationError as exc:
@@ -165,6 +169,9 @@ def parse_build_result(stdout: str) -> tuple[dict[str, Any] | None, BuildResult 
     if not found:
         return None, None, "no JSON object on stdout"
     raw = next((obj for obj in reversed(found) if "status" in obj), found[-1])
+    from ftl.models import BuildResult
+    from ftl.validation import json_path
+
     try:
         return raw, BuildResult.model_validate(raw), None
     except ValidationError as exc:

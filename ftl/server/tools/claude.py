@@ -35,19 +35,21 @@ from __future__ import annotations
 import json
 import re
 from datetime import datetime, timezone
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftl.config import ClaudeSettings
 from ftl.errors import FtlError
-from ftl.models import Workspace
 from ftl.server.tools.builders import (AGENT_STDOUT_LIMIT, _base, _run_in_scope, _stopped,
                                        _workspace, parse_build_result)
 from ftl.server.tools.claude_stream import StreamReader, StreamSummary, limit_from_text, not_logged_in
 from ftl.server.tools.context import ToolContext
 from ftl.server.tools.planner import PlannerInput, parse_planner_output
 from ftl.server.tools.proc import run_command
+
+if TYPE_CHECKING:  # validated by builders._workspace, which imports the model when used
+    from ftl.models import Workspace
 
 _MISSING_AGENT = re.compile(r"--agent '([^']{1,100})' not found")
 
