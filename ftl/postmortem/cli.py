@@ -16,7 +16,7 @@ from typing import Callable, Iterable, TextIO
 import click
 
 from ftl.surfaces import envelope
-from ftl.surfaces.cli import _emit, handled, json_option
+from ftl.surfaces.clickutil import emit as _emit, handled, json_option
 from ftl.errors import FtlError
 
 

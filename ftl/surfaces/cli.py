@@ -10,7 +10,6 @@ was lost (resumable), 130 cancelled (resumable).
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import signal
 import sys
@@ -20,65 +19,12 @@ from typing import Any, Callable
 import click
 
 from ftl.surfaces import envelope
-from ftl.surfaces.clickutil import LazyGroup, usage_error
+from ftl.surfaces.clickutil import EXIT_BAD_INPUT, LazyGroup, emit as _emit, handled, json_option, usage_error
 from ftl.errors import FtlError
-
-EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
-_BAD_INPUT_TYPES = {"validation", "not_found", "conflict", "authentication", "authorization"}
-
-
-def _emit(payload: dict[str, Any], as_json: bool, human: str | None = None) -> None:
-    if as_json:
-        click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
-    elif human:
-        click.echo(human)
-
-
-def handled(func: Callable[..., int | None]) -> Callable[..., None]:
-    """Run a command; turn FtlError and unexpected exceptions into an envelope and exit code."""
-
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> None:
-        as_json = bool(kwargs.get("as_json"))
-        try:
-            code = func(*args, **kwargs) or 0
-        except FtlError as error:
-            payload = envelope.failure(error)
-            if as_json:
-                _emit(payload, True)
-            else:
-                click.echo(f"error: {payload['error']}", err=True)
-                click.echo(f"fix: {payload['data']['remediation']}", err=True)
-                for violation in payload["data"]["details"].get("violations", [])[:50]:
-                    if isinstance(violation, dict):
-                        click.echo(f"  {violation.get('path', '')}: {violation.get('message', '')}", err=True)
-            code = EXIT_BAD_INPUT if error.kind.v2_error_type in _BAD_INPUT_TYPES else EXIT_INTERNAL
-        except click.exceptions.Exit:
-            raise
-        except KeyboardInterrupt:
-            code = 130
-        except Exception as exc:  # noqa: BLE001 - fail closed, never a traceback
-            import uuid
-
-            correlation_id = uuid.uuid4().hex[:12]
-            click.echo(f"internal error ({type(exc).__name__}); correlation id {correlation_id}",
-                       err=True) if not as_json else None
-            if as_json:
-                _emit(envelope.internal_failure(correlation_id), True)
-            code = EXIT_INTERNAL
-        sys.exit(code)
-
-    return wrapper
-
 
 def repo_option(func: Callable) -> Callable:
     return click.option("--repo", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
                         show_default=True, help="Target repository (its .ftl/ holds state and logs).")(func)
-
-
-def json_option(func: Callable) -> Callable:
-    return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
 
 
 class _EnvelopeGroup(LazyGroup):

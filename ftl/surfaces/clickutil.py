@@ -2,6 +2,8 @@
 
 * `usage_error`: click prints its own usage text for a bad option or argument; with ``--json`` a
   caller expects a response-v2 envelope instead, naming the parameter and how to get the usage.
+* `handled`, `emit`, `json_option`: a command's answer as an envelope (``--json``) or text,
+  and its exit code; shared by ``ftl`` and the postmortem commands it loads lazily.
 * `LazyGroup`: subcommands whose modules are heavy (the MCP SDK, starlette, clingo) are imported
   only when they run, so ``ftl --help`` and ``ftl campaign status`` start in a few tens of ms
   (issue 11 item 1; the pattern of click's "Lazily Loading Subcommands" documentation, with the
@@ -10,12 +12,74 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any
+import json
+import sys
+from typing import Any, Callable
 
 import click
 
 from ftl.errors import FtlError
+from ftl.surfaces import envelope
+
+
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+_BAD_INPUT_TYPES = {"validation", "not_found", "conflict", "authentication", "authorization"}
+
+
+def emit(payload: dict[str, Any], as_json: bool, human: str | None = None) -> None:
+    """Print ``payload`` as indented, key-sorted JSON when ``as_json``, else ``human`` (if any)."""
+    if as_json:
+        click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
+    elif human:
+        click.echo(human)
+
+
+def handled(func: Callable[..., int | None]) -> Callable[..., None]:
+    """Run a command; turn FtlError and unexpected exceptions into an envelope and exit code
+    (`EXIT_BAD_INPUT` for bad input, `EXIT_INTERNAL` otherwise, 130 on Ctrl-C; never a traceback).
+    The command returns its exit code (None: 0); with ``as_json`` the failure is an envelope on
+    stdout, else an ``error:`` / ``fix:`` pair on stderr."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        as_json = bool(kwargs.get("as_json"))
+        try:
+            code = func(*args, **kwargs) or 0
+        except FtlError as error:
+            payload = envelope.failure(error)
+            if as_json:
+                emit(payload, True)
+            else:
+                click.echo(f"error: {payload['error']}", err=True)
+                click.echo(f"fix: {payload['data']['remediation']}", err=True)
+                for violation in payload["data"]["details"].get("violations", [])[:50]:
+                    if isinstance(violation, dict):
+                        click.echo(f"  {violation.get('path', '')}: {violation.get('message', '')}", err=True)
+            code = EXIT_BAD_INPUT if error.kind.v2_error_type in _BAD_INPUT_TYPES else EXIT_INTERNAL
+        except click.exceptions.Exit:
+            raise
+        except KeyboardInterrupt:
+            code = 130
+        except Exception as exc:  # noqa: BLE001 - fail closed, never a traceback
+            import uuid
+
+            correlation_id = uuid.uuid4().hex[:12]
+            click.echo(f"internal error ({type(exc).__name__}); correlation id {correlation_id}",
+                       err=True) if not as_json else None
+            if as_json:
+                emit(envelope.internal_failure(correlation_id), True)
+            code = EXIT_INTERNAL
+        sys.exit(code)
+
+    return wrapper
+
+
+def json_option(func: Callable) -> Callable:
+    """The ``--json`` flag (``as_json``): print a response-v2 envelope."""
+    return click.option("--json", "as_json", is_flag=True, help="Print a response-v2 envelope.")(func)
 
 
 def usage_error(exc: click.ClickException) -> FtlError:
