@@ -8,13 +8,14 @@ and shell builder), each in a fresh git repository under a temporary directory:
   the EXECUTE span divided by the number of tasks (everything the runner does per task: the
   store transitions, events, workspace, two intent evaluations and two invocations). The
   baseline, measured in the same run, is what the two commands cost on their own: two
-  ``sh -c true`` started with `subprocess.run`. Overhead = per-task time - baseline. Over the
+  ``sh -c true`` started with `subprocess.run`. Overhead = per-task time - baseline, per round
+  (``--rounds`` campaigns, each with its own baselines; the median of the rounds). Over the
   embedded stdio server (the default) and in process (``connect_in_process``).
 * ``dag``: the 18-task DAG of issue 11 (sleeps of 0.3-3 s, seeded, jobs 3): the EXECUTE span
   (first ``TASK_START`` to last ``TASK_END``) against the lower bound max(critical path,
   total work / jobs); efficiency = bound / span (1.0 at best).
 
-Usage: python bench/bench_overhead.py [--tasks 30] [--transport stdio,inproc] [--dag] [--json]
+Usage: python bench/bench_overhead.py [--tasks 30] [--rounds 3] [--transport stdio,inproc] [--dag] [--json]
 """
 
 from __future__ import annotations
@@ -123,26 +124,35 @@ def git_work_baseline_ms(repeat: int = 20) -> float:
     return statistics.median(samples)
 
 
-def overhead(tasks: int, in_process: bool, isolation: str = "auto") -> dict[str, Any]:
+def overhead(tasks: int, in_process: bool, isolation: str = "auto", rounds: int = 3) -> dict[str, Any]:
     """Per-task cost (ms) of a chain of trivial tasks; see the module doc. With worktrees
     (``isolation`` auto) the baseline adds the git work a task's isolation needs
-    (`git_work_baseline_ms`), measured in the same run."""
+    (`git_work_baseline_ms`), measured in the same run.
+
+    ``rounds`` campaigns, each with its own baselines measured around it (commands before and
+    after, then the git work); every figure is the median of the rounds' own values, so a
+    change of load between rounds (the host drifts within minutes) moves a round's task time
+    and its baselines together instead of skewing one against the other."""
     plan = {"objective": "overhead benchmark",
             "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
-    before = command_samples_ms()  # before and after the campaign: a load change hits both
-    events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
-    durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
-    commands = statistics.median(before + command_samples_ms())
-    git_work = git_work_baseline_ms() if isolation != "shared" else 0.0
-    baseline = commands + git_work
-    span_ms = execute_span_s(events) * 1000 / tasks
-    median = statistics.median(durations)
-    return {"transport": "in-process" if in_process else "stdio", "isolation": isolation, "tasks": tasks,
-            "task_ms": round(median, 1), "span_per_task_ms": round(span_ms, 1),
-            "commands_ms": round(commands, 1), "git_work_ms": round(git_work, 1),
-            "overhead_ms": round(median - baseline, 1),
-            "overhead_with_git_ms": round(median - commands, 1),
-            "span_overhead_ms": round(span_ms - baseline, 1)}
+    per_round: list[dict[str, float]] = []
+    for _ in range(rounds):
+        before = command_samples_ms(10)
+        events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
+        commands = statistics.median(before + command_samples_ms(10))
+        git_work = git_work_baseline_ms(10) if isolation != "shared" else 0.0
+        median = statistics.median(e["duration_ms"] for e in events if e["event"] == "TASK_END")
+        span_ms = execute_span_s(events) * 1000 / tasks
+        per_round.append({"task_ms": median, "span_per_task_ms": span_ms, "commands_ms": commands,
+                          "git_work_ms": git_work, "overhead_ms": median - commands - git_work,
+                          "overhead_with_git_ms": median - commands,
+                          "span_overhead_ms": span_ms - commands - git_work})
+    row: dict[str, Any] = {"transport": "in-process" if in_process else "stdio", "isolation": isolation,
+                           "tasks": tasks, "rounds": rounds}
+    for key in per_round[0]:
+        row[key] = round(statistics.median(r[key] for r in per_round), 1)
+    row["overhead_rounds_ms"] = [round(r["overhead_ms"], 1) for r in per_round]
+    return row
 
 
 def dag_plan(seed: int = DAG_SEED, tasks: int = DAG_TASKS) -> tuple[dict[str, Any], dict[str, float]]:
@@ -214,11 +224,12 @@ def dag_efficiency(in_process: bool = False) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=30, help="Tasks in the overhead chain.")
+    parser.add_argument("--rounds", type=int, default=3, help="Campaigns per figure (median of their own values).")
     parser.add_argument("--transport", default="stdio,inproc", help="stdio and/or inproc, comma-separated.")
     parser.add_argument("--dag", action="store_true", help="Also run the 18-task DAG (about 15 s).")
     parser.add_argument("--json", action="store_true", help="Print JSON.")
     options = parser.parse_args()
-    rows: list[dict[str, Any]] = [overhead(options.tasks, name == "inproc")
+    rows: list[dict[str, Any]] = [overhead(options.tasks, name == "inproc", rounds=options.rounds)
                                   for name in options.transport.split(",") if name]
     if options.dag:
         rows.append(dag_efficiency())
