@@ -237,6 +237,12 @@ _ROWS: tuple[ErrorKind, ...] = (
          "The attempt was retried once on the cluster; if it is lost again, check the nodes "
          "(`ray status`) and resume the campaign.", ("seq", "cause"), http_status=503,
          recoverable=True),
+    _row("cluster_lost", T, Route.SUMMARY, "server_not_ready", -32095, ("unavailable", "CLUSTER_LOST"),
+         "The Ray cluster at {address} was lost ({cause}).",
+         "The run stopped and nothing is lost: the interrupted tasks are pending again and the "
+         "finished ones stay integrated. Start the cluster again (or choose another with "
+         "--ray-address), then run `ftl campaign resume`.", ("address", "cause"), http_status=503,
+         recoverable=True),
     _row("agent_login_required", S, Route.SUMMARY, "auth_required", -32094,
          ("authentication", "AGENT_NOT_LOGGED_IN"),
          "The Claude Code CLI is not logged in: {problem}.",

@@ -111,5 +111,4 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
 
 def _cluster_lost(cluster: Any) -> RunStopped:
     """The resumable stop for a lost Ray cluster (`ftl.executors.ray_cluster.RayCluster.lost`)."""
-    return RunStopped(FtlError("worker_lost", {"cause": cluster.lost},
-                               message=f"The Ray cluster at {cluster.address} was lost ({cluster.lost})."))
+    return RunStopped(FtlError("cluster_lost", {"address": cluster.address, "cause": cluster.lost}))

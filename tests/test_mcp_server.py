@@ -223,16 +223,17 @@ def test_a_run_stopped_by_a_lost_cluster_is_an_is_error_result_that_says_how_to_
     from ftl.surfaces.mcp_server import _run_outcome
     from ftl.engine.runner import EXIT_UNAVAILABLE, RunResult
 
-    error = FtlError("worker_lost", {"cause": "the head at 10.0.0.5:6379 refuses connections"},
-                     message="The Ray cluster at 10.0.0.5:6379 was lost.")
+    error = FtlError("cluster_lost", {"address": "10.0.0.5:6379",
+                                      "cause": "the head at 10.0.0.5:6379 refused connections for 15 s"})
     summary = {"error": {"error_type": error.error_type, "message": error.message,
                          "details": error.safe_details()},
                "message": error.message + " Stopped; run `ftl campaign resume` once the cluster is back."}
     outcome = _run_outcome(RunResult("c-1", "stopped", EXIT_UNAVAILABLE, summary, Path("c-1.jsonl")), "c9")
     assert outcome.is_error
     assert outcome.envelope["success"] is False
-    assert outcome.envelope["data"]["ftl_error_type"] == "worker_lost"
+    assert outcome.envelope["data"]["ftl_error_type"] == "cluster_lost"
     assert outcome.envelope["data"]["exit_code"] == EXIT_UNAVAILABLE == 75
+    assert "ftl campaign resume" in outcome.envelope["data"]["remediation"]
     assert "ftl campaign resume" in outcome.envelope["data"]["summary"]["message"]
 
 

@@ -67,9 +67,10 @@ def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tm
         assert proc.returncode == 75, out[-2000:] + err[-2000:]
         envelope = json.loads(out)
         assert envelope["success"] is False
-        assert envelope["data"]["ftl_error_type"] == "worker_lost" and envelope["data"]["exit_code"] == 75
+        assert envelope["data"]["ftl_error_type"] == "cluster_lost" and envelope["data"]["exit_code"] == 75
         assert envelope["error"].startswith(f"The Ray cluster at {address} was lost")
         assert "ftl campaign resume" in envelope["data"]["summary"]["message"]
+        assert "ftl campaign resume" in envelope["data"]["remediation"]  # not "retried once"
         events = _events(repo)
         end = [e for e in events if e["event"] == "RUN_END"]
         assert [(e["outcome"], e["resumable"], e["exit_code"]) for e in end] == [("stopped", True, 75)]

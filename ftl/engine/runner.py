@@ -81,7 +81,7 @@ class RunStopped(Exception):
     interrupted tasks are pending again, and ``RUN_END`` says why (outcome ``stopped``).
 
     Args:
-        error: what stopped it (e.g. ``worker_lost`` whose ``cause`` says why the cluster is
+        error: what stopped it (e.g. ``cluster_lost`` whose ``cause`` says why the cluster is
             lost); its message and safe details become the run's summary.
     """
 
