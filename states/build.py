@@ -264,7 +264,7 @@ def _complete(run: Run, workspace: Any, build_result: dict[str, Any], verify: di
                                "complete", {"build": _trim(build_result), "verify": _trim(verify),
                                             **detail})
     return TaskOutcome(workspace.seq, "complete", {
-        "delivered": delivered, "duration_ms": int((time.monotonic() - started) * 1000), **detail})
+        "delivered": delivered, "duration_ms": round((time.monotonic() - started) * 1000), **detail})
 
 
 def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, Any], facts: list,
