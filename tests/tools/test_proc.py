@@ -221,6 +221,21 @@ def test_pid_window_covers_the_pids_allocated_after_the_leader():
     assert pid_window(5_000, (1_000, 20_000), 1_001, 5_001, 32_768) is None
 
 
+def test_the_latest_pid_comes_from_loadavg_as_ns_last_pid_gives_it():
+    # the window's upper end is read with the counters (one read fewer per command); it is the
+    # kernel's ns_last_pid: equal whenever no pid was allocated between the three reads
+    from ftl.server.tools import proc
+
+    for _ in range(50):
+        before = int(open("/proc/sys/kernel/ns_last_pid").read())
+        counters = proc._counters()
+        after = int(open("/proc/sys/kernel/ns_last_pid").read())
+        if before == after:
+            assert counters is not None and counters[2] == before
+            return
+    pytest.fail("pids were allocated between every pair of reads (a very busy machine)")
+
+
 def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path):
     from ftl.server.tools import proc
 
@@ -233,7 +248,7 @@ def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path
         proc._window = real
     assert result.ok
     window, span = windows[0]
-    assert window is not None  # /proc/stat and ns_last_pid were readable here
+    assert window is not None  # /proc/stat and /proc/loadavg were readable here
     background = int((tmp_path / "bg.pid").read_text())
     assert window(background)
     assert span is not None and background in span  # a few pids: read one by one, no listdir

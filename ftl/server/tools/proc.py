@@ -152,11 +152,20 @@ def pid_counters() -> tuple[int, int] | None:
     """(pids allocated since boot, threads alive now): ``processes`` of /proc/stat (every fork
     and thread takes a pid) and the total of /proc/loadavg; None when unreadable. Taken before a
     command starts, it lets `_group_members` look only at the pids allocated since."""
+    found = _counters()
+    return None if found is None else found[:2]
+
+
+def _counters() -> tuple[int, int, int] | None:
+    """`pid_counters` and the latest pid allocated in our pid namespace (/proc/loadavg's last
+    field, the value /proc/sys/kernel/ns_last_pid gives, from the same read); None when
+    unreadable."""
     stat, load = _read_proc("/proc/stat"), _read_proc("/proc/loadavg")
     try:
         assert stat is not None and load is not None
         forks = int(stat[stat.index(b"\nprocesses ") + 11:].split(None, 1)[0])
-        return forks, int(load.split()[3].split(b"/")[1])
+        fields = load.split()
+        return forks, int(fields[3].split(b"/")[1]), int(fields[4])
     except (AssertionError, ValueError, IndexError):
         return None
 
@@ -199,14 +208,11 @@ def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], 
     (no wrap, at most `_SPAN_PROBE` pids: the usual case, a few pids since the leader)."""
     if before is None:
         return None, None
-    now = pid_counters()
-    last, limit = _read_proc("/proc/sys/kernel/ns_last_pid"), _pid_max()
-    try:
-        assert now is not None and last is not None and limit is not None
-        last_pid = int(last)
-        window = pid_window(pgid, before, now[0], last_pid, limit)
-    except (AssertionError, ValueError):
+    now, limit = _counters(), _pid_max()
+    if now is None or limit is None:
         return None, None
+    last_pid = now[2]
+    window = pid_window(pgid, before, now[0], last_pid, limit)
     span = (range(pgid, last_pid + 1) if window is not None and pgid <= last_pid < pgid + _SPAN_PROBE
             else None)
     return window, span
@@ -231,9 +237,15 @@ def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int
     for entry in entries:
         if not entry.isdigit() or (window is not None and not window(int(entry))):
             continue
-        found = pid_stat(int(entry))  # None: gone, a zombie, or unreadable
+        pid = int(entry)
+        try:  # one syscall (~1 us) rules out most pids before a /proc read (~30 us)
+            if os.getpgid(pid) != pgid:
+                continue
+        except OSError:  # gone
+            continue
+        found = pid_stat(pid)  # None: gone, a zombie, or unreadable
         if found is not None and found[0] == pgid:
-            members.append(int(entry))
+            members.append(pid)
     return members
 
 
