@@ -74,10 +74,26 @@ def _run_then_kill_ftl_alone(tmp_path: Path, repo: Path, run: str, timeout_s: fl
     _wait(lambda: not any(_alive(pid) for pid in server), timeout_s=10)  # died with ftl
 
 
-def _resume(repo: Path, *extra: str) -> tuple[dict, list[dict]]:
-    resumed = subprocess.run([*FTL, "campaign", "resume", "--repo", str(repo), "--json", *extra],
-                             capture_output=True, text=True, timeout=120)
-    data = json.loads(resumed.stdout)["data"]
+def _events(repo: Path) -> list[dict]:
+    return [e for log in sorted((repo / ".ftl" / "events").glob("*.jsonl")) for e in read_events(log)]
+
+
+def _resume(repo: Path, release: Path | None = None) -> tuple[dict, list[dict]]:
+    """``ftl campaign resume --json``; with ``release``, create that file once the resume
+    announces it waits for the killed run's leftovers (ORPHANS_WAITING), so a leftover gated on
+    it finishes while the resume waits, however slow the machine."""
+    resumed = subprocess.Popen([*FTL, "campaign", "resume", "--repo", str(repo), "--json"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        if release is not None:
+            _wait(lambda: any(e["event"] == "ORPHANS_WAITING" for e in _events(repo))
+                  or resumed.poll() is not None)
+            release.touch()
+        out, err = resumed.communicate(timeout=120)
+    finally:
+        if resumed.poll() is None:
+            resumed.kill()
+    data = json.loads(out)["data"]
     logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
     assert replay(logs).violations == []
     assert not list((repo / ".ftl" / "procs").glob("*.json"))
@@ -87,10 +103,13 @@ def _resume(repo: Path, *extra: str) -> tuple[dict, list[dict]]:
 def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Path) -> None:
     """The build finishes after ftl died: it records its own checkpoint, the resume waits for
     it instead of starting it again, and the build command completes exactly once."""
-    repo, marker = _repo(tmp_path), tmp_path / "built"
-    run = f"touch {tmp_path / 'started'}; sleep 8; echo ok > out.txt; echo done >> {marker}"
+    repo, marker, release = _repo(tmp_path), tmp_path / "built", tmp_path / "release"
+    # The build outlives ftl until the resume is waiting for it (bounded: 30 s).
+    run = (f"touch {tmp_path / 'started'}; i=0; "
+           f"until [ -e {release} ] || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done; "
+           f"echo ok > out.txt; echo done >> {marker}")
     _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=60)
-    data, events = _resume(repo)
+    data, events = _resume(repo, release=release)
     assert data["exit_code"] == 0, data
     assert marker.read_text().splitlines() == ["done"]
     waiting = [e for e in events if e["event"] == "ORPHANS_WAITING"]
@@ -103,14 +122,21 @@ def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Pa
 def test_resume_kills_what_the_killed_run_left_once_its_deadline_passes(tmp_path: Path) -> None:
     """A leftover that would outlive its task's timeout (a background writer, a hang) is killed
     at that deadline, before the task runs again: it never writes into the repository."""
-    repo, late = _repo(tmp_path), tmp_path / "late"
+    repo, late, writer = _repo(tmp_path), tmp_path / "late", tmp_path / "writer.pid"
     run = (f"if [ -f {tmp_path / 'started'} ]; then echo ok > out.txt; else "
-           f"touch {tmp_path / 'started'}; (sleep 12; echo orphan >> {late}) & sleep 60; fi")
+           f"(sleep 30; echo orphan >> {late}) & echo $! > {writer}; "
+           f"touch {tmp_path / 'started'}; sleep 60; fi")
     _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=4)
     data, events = _resume(repo)
     assert data["exit_code"] == 0, data
-    time.sleep(max(0.0, 13 - 4))  # past the moment the orphan would have written
-    assert not late.exists(), "the build's background process outlived the crash"
+    # The background writer is gone (SIGKILL takes a moment to land): it can never write.
+    pid = int(writer.read_text())
+    try:
+        _wait(lambda: not _alive(pid), timeout_s=5)
+    except AssertionError:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the build's background process outlived the crash") from None
+    assert not late.exists(), "the build's background process wrote after the crash"
     (reaped,) = [e for e in events if e["event"] == "RECOVERY_ATTEMPT"
                  and e["strategy"] == "reap_orphans"]
     assert reaped["groups"][0]["finished"] is False and reaped["groups"][0]["killed"]

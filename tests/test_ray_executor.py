@@ -195,8 +195,10 @@ def test_a_killed_ray_worker_is_worker_lost_then_retried_and_integrated_once(
 
 def test_a_killed_driver_resumes_with_every_task_done_exactly_once(
         cluster: str, tmp_path: Path) -> None:
-    repo = _repo(tmp_path)
-    tasks = [_task(i, f"echo {i} > f{i}.txt; sleep 1",
+    repo, resumed = _repo(tmp_path), tmp_path / "resumed"
+    # Each command of the killed run sleeps 1 s, so the kill finds tasks in flight; the resume's
+    # commands (run once `resumed` exists) do not.
+    tasks = [_task(i, f"echo {i} > f{i}.txt; test -e {resumed} || sleep 1",
                    [f"{i - 4:03d}"] if i > 4 else None) for i in range(1, 13)]
     plan = _plan(tmp_path / "plan.json", tasks)
     proc = subprocess.Popen([FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
@@ -214,6 +216,7 @@ def test_a_killed_driver_resumes_with_every_task_done_exactly_once(
             proc.kill()
     before = Counter(e["task_seq"] for e in _events(repo) if e["event"] == "TASK_INTEGRATED")
     assert 3 <= sum(before.values()) < 12
+    resumed.touch()
     done = _ftl(repo, "resume", address=cluster)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     events = _events(repo)

@@ -88,16 +88,21 @@ def test_failure_drill_ends_as_expected(tmp_path: Path) -> None:
     assert 'ftl_retries_total{kind="flaky_test",outcome="retried"} 1.0' in counters
 
 
-def _marker_plan(tmp_path: Path, count: int = 10, sleep_s: float = 0.4) -> Path:
+def _marker_plan(tmp_path: Path, count: int = 10, sleep_s: float = 0.4,
+                 gate: Path | None = None) -> Path:
     """A plan whose run commands count their completions in <tmp_path>/markers/<seq> (one line
-    each; outside the repository, so the count survives worktrees and their removal)."""
+    each; outside the repository, so the count survives worktrees and their removal).
+
+    Each run command first sleeps ``sleep_s``; with ``gate``, it sleeps only while that file is
+    absent, so the run a test interrupts is slow and the resume after it is not."""
     markers = tmp_path / "markers"
+    wait = f"sleep {sleep_s}" if gate is None else f"{{ test -e {gate} || sleep {sleep_s}; }}"
     tasks = []
     for i in range(1, count + 1):
         seq = f"{i:03d}"
         deps = [f"{i - 1:03d}"] if i > 2 else "none"
         tasks.append({"seq": seq, "slug": f"step-{i}", "delta": [], "creates": [],
-                      "run": f"sleep {sleep_s} && mkdir -p {markers} && echo done >> {markers}/{seq}",
+                      "run": f"{wait} && mkdir -p {markers} && echo done >> {markers}/{seq}",
                       "verify": f"test -s {markers}/{seq}", "depends": deps, "timeout_s": 30})
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"objective": "count completions", "tasks": tasks}))
@@ -122,8 +127,8 @@ def _started(repo: Path) -> int:
 
 @pytest.mark.parametrize("kill_after_starts", [2, 5])
 def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, kill_after_starts: int) -> None:
-    repo = git_repo(tmp_path / "repo")
-    plan = _marker_plan(tmp_path)
+    repo, gate = git_repo(tmp_path / "repo"), tmp_path / "resumed"
+    plan = _marker_plan(tmp_path, gate=gate)
     proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -133,6 +138,7 @@ def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, k
     finally:
         if proc.poll() is None:
             proc.kill()
+    gate.touch()  # commands still sleeping from the killed run finish as before; new ones at once
     resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = json.loads(resumed.stdout)["data"]["summary"]
@@ -149,13 +155,14 @@ def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, k
 
 
 def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path) -> None:
-    repo = git_repo(tmp_path / "repo")
-    plan = _marker_plan(tmp_path, count=6, sleep_s=1.0)
+    repo, gate = git_repo(tmp_path / "repo"), tmp_path / "resumed"
+    plan = _marker_plan(tmp_path, count=6, sleep_s=1.0, gate=gate)
     proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _started(repo) >= 2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
+    gate.touch()
     assert proc.returncode == 130, err[-2000:]
     events = events_of(repo)
     assert events[-1]["event"] == "RUN_END" and events[-1]["outcome"] == "cancelled"
