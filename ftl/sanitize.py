@@ -46,7 +46,7 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 # ASCII: case-insensitive matching also folds letters such as "ſ" (long s) into "s", which
 # lower() keeps, so other text always gets every pattern.
 _TRIGGERS = ("authorization", "bearer", "://", "password", "passwd", "pwd", "secret", "token",
-             "key", "gh", "xox", "akia", "asia", "sk-")
+             "key", "gh", "github_pat", "xox", "akia", "asia", "sk-")
 
 
 def scrub(text: str) -> str:

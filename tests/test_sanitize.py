@@ -165,6 +165,13 @@ def test_letters_that_fold_into_a_trigger_still_get_every_pattern() -> None:
         assert "hunter2" not in scrub(text) and scrub(text) == scrub_all(text)
 
 
+def test_a_fine_grained_github_token_alone_is_redacted() -> None:
+    # "github_pat_" holds no "gh"; the case in SECRETS passed only because its tail has "fgh"
+    # (found by the hypothesis test above)
+    token = "github_pat_11ABCDE0123456789_XYZabcdeij01"
+    assert scrub(f"cloned with {token}") == f"cloned with {REDACTED}"
+
+
 def test_every_pattern_has_a_trigger_word() -> None:
     """A pattern added without a trigger would be skipped: each secret case holds one."""
     from ftl.sanitize import _TRIGGERS
