@@ -25,6 +25,7 @@ ALLOWED = {
     "codec": set(), "schema": set(),
     "campaigns": {"codec"}, "plans": {"codec"}, "tasks": {"codec"}, "task_set": {"codec", "tasks"},
     "workspaces": {"codec"}, "explorations": {"codec"}, "memory_facade": {"codec"},
+    "memory_tables": {"codec"},
 }
 
 

@@ -45,7 +45,8 @@ The package, one module per concern (each imports only the ones listed before it
 * `ftl.store.schema`: `MIGRATIONS`, `SCHEMA_VERSION`, `migrate`, the connection settings.
 * `ftl.store.campaigns`, `ftl.store.plans`, `ftl.store.tasks` (rows and the status machine),
   `ftl.store.task_set` (add-tasks and the re-plan merge), `ftl.store.workspaces`,
-  `ftl.store.explorations`, `ftl.store.memory_facade`: the rows of each table, as mixins.
+  `ftl.store.explorations`, `ftl.store.memory_tables` (the memory room's tables),
+  `ftl.store.memory_facade`: the rows of each table, as mixins.
 * this module: `Store`, which composes the mixins and owns the connection, its sessions and the
   translation of SQLite errors; and the names above, re-exported (``from ftl.store import ...``
   keeps working for every name the single module had).
@@ -65,6 +66,7 @@ from ftl.store.campaigns import CAMPAIGN_STATUSES, FINISHED_STATUSES, FLOWS, Cam
 from ftl.store.codec import _LONG_DIGITS, _dumps, _loads, _seq, _seqs_json, _utc_now, _violation, format_ts
 from ftl.store.explorations import ExplorationsMixin
 from ftl.store.memory_facade import MEMORY_TYPES, MemoryMixin
+from ftl.store.memory_tables import MemoryTablesMixin
 from ftl.store.plans import _PLAN_TEXT_COLUMNS, _TASKS_KEY, PlanVersionsMixin
 from ftl.store.schema import BUSY_TIMEOUT_MS, MIGRATIONS, PAGE_SIZE, SCHEMA_VERSION, migrate
 from ftl.store.task_set import _INSERT_BATCH, TaskSetMixin, check_plan_graph
@@ -104,7 +106,7 @@ def __getattr__(name: str) -> Any:
 
 
 class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, WorkspacesMixin,
-            ExplorationsMixin, MemoryMixin):
+            ExplorationsMixin, MemoryMixin, MemoryTablesMixin):
     """Campaign state in SQLite, safe to share between threads and processes.
 
     Args:

@@ -119,6 +119,78 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     # 4: the blocked tasks, which every task's workspace lists (sibling failures), read without
     # a pass over the campaign's rows; a partial index, so pending rows never enter it.
     ("CREATE INDEX task_blocked ON task (campaign_id, seq) WHERE status = 'blocked'",),
+    # 5: the memory room's tables (`ftl.store.memory_tables`), which ftl created on first use
+    # before this migration: ``IF NOT EXISTS`` keeps the ones a file has, and the rows of the
+    # first memory table (``memory``, migration 1) are copied in only when ``memory_entry`` is
+    # new, as that first use did (an entry pruned since must not come back).
+    (
+        """CREATE TEMP TABLE migration_5 AS SELECT NOT EXISTS (
+            SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'memory_entry') AS fresh""",
+        """CREATE TABLE IF NOT EXISTS memory_entry (
+            id                  INTEGER PRIMARY KEY AUTOINCREMENT,
+            name                TEXT NOT NULL,
+            type                TEXT NOT NULL CHECK (type IN ('failure', 'pattern')),
+            trigger             TEXT NOT NULL,
+            resolution          TEXT NOT NULL DEFAULT '',
+            match               TEXT,
+            cost                REAL NOT NULL DEFAULT 0,
+            source              TEXT NOT NULL DEFAULT '[]',
+            extra               TEXT NOT NULL DEFAULT '{}',
+            campaign_id         TEXT,
+            occurrences         INTEGER NOT NULL DEFAULT 1,
+            created_at          TEXT NOT NULL,
+            updated_at          TEXT NOT NULL,
+            last_accessed       TEXT NOT NULL DEFAULT '',
+            access_count        INTEGER NOT NULL DEFAULT 0,
+            times_helped        INTEGER NOT NULL DEFAULT 0,
+            times_failed        INTEGER NOT NULL DEFAULT 0,
+            importance          REAL NOT NULL DEFAULT 0,
+            related_typed       TEXT NOT NULL DEFAULT '{}',
+            cross_relationships TEXT NOT NULL DEFAULT '{}',
+            UNIQUE (name, type)
+        )""",
+        "CREATE INDEX IF NOT EXISTS memory_entry_type_importance ON memory_entry (type, importance DESC)",
+        """CREATE TABLE IF NOT EXISTS memory_edge (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            from_id    INTEGER NOT NULL REFERENCES memory_entry (id) ON DELETE CASCADE,
+            to_id      INTEGER NOT NULL REFERENCES memory_entry (id) ON DELETE CASCADE,
+            rel_type   TEXT NOT NULL,
+            weight     REAL NOT NULL,
+            created_at TEXT NOT NULL,
+            UNIQUE (from_id, to_id, rel_type)
+        )""",
+        "CREATE INDEX IF NOT EXISTS memory_edge_to ON memory_edge (to_id)",
+        # Workspace attempts whose builder feedback was counted (an OBSERVE re-run must not recount).
+        "CREATE TABLE IF NOT EXISTS memory_feedback_seen (key TEXT PRIMARY KEY, created_at TEXT NOT NULL)",
+        # External-content FTS5 index over trigger and resolution, kept in step by the triggers.
+        """CREATE VIRTUAL TABLE IF NOT EXISTS memory_fts USING fts5(
+            trigger, resolution, content='memory_entry', content_rowid='id',
+            tokenize='porter unicode61 remove_diacritics 2')""",
+        """CREATE TRIGGER IF NOT EXISTS memory_entry_ai AFTER INSERT ON memory_entry BEGIN
+            INSERT INTO memory_fts (rowid, trigger, resolution) VALUES (new.id, new.trigger, new.resolution);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS memory_entry_ad AFTER DELETE ON memory_entry BEGIN
+            INSERT INTO memory_fts (memory_fts, rowid, trigger, resolution)
+            VALUES ('delete', old.id, old.trigger, old.resolution);
+        END""",
+        """CREATE TRIGGER IF NOT EXISTS memory_entry_au AFTER UPDATE OF trigger, resolution ON memory_entry BEGIN
+            INSERT INTO memory_fts (memory_fts, rowid, trigger, resolution)
+            VALUES ('delete', old.id, old.trigger, old.resolution);
+            INSERT INTO memory_fts (rowid, trigger, resolution) VALUES (new.id, new.trigger, new.resolution);
+        END""",
+        # A ``memory`` row's ``entry`` object holds the text (a failure's fix, a pattern's
+        # insight), which becomes ``resolution``, and the other keys, kept as ``extra``.
+        """INSERT OR IGNORE INTO memory_entry (name, type, trigger, resolution, source, extra,
+                                               campaign_id, occurrences, created_at, updated_at)
+           SELECT name, type, trigger,
+                  COALESCE(json_extract(entry, CASE type WHEN 'failure' THEN '$.fix'
+                                                         ELSE '$.insight' END), ''),
+                  source,
+                  json_remove(entry, CASE type WHEN 'failure' THEN '$.fix' ELSE '$.insight' END),
+                  campaign_id, occurrences, created_at, updated_at
+           FROM memory WHERE (SELECT fresh FROM temp.migration_5) ORDER BY id""",
+        "DROP TABLE temp.migration_5",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
