@@ -54,10 +54,11 @@ def prepare(repo: Path) -> None:
     call(repo, "plan", ["write"], "envelope", json.dumps({"objective": "build the parser", "tasks": tasks}))
     call(repo, "campaign", ["add-tasks"], "envelope", json.dumps({"objective": "build the parser", "tasks": tasks}))
     sys.path.insert(0, str(ROOT))
+    from ftl.memory import MemoryStore
     from ftl.store import Store
 
     with Store.for_repo(repo) as store:
-        memory = store.memory_store()
+        memory = MemoryStore(store)
         for i in range(200):
             memory.add({"name": f"failure-{i}", "type": "failure", "cost": 100 + 37 * i,
                         "trigger": f"ImportError {i}: cannot import name token{i} from module parser{i % 7}",

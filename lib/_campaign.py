@@ -454,7 +454,9 @@ def find_similar(env: Env, threshold: float, max_results: int) -> Reply:
     if campaign is None:
         return Reply(wrap([]), ftl=[])
     current = _ftl_fingerprint(env, campaign)
-    patterns = env.store.memory_store().entries("pattern")
+    from ftl.memory import MemoryStore
+
+    patterns = MemoryStore(env.store).entries("pattern")
     found = []
     for other in _finished(env):
         theirs = _ftl_fingerprint(env, other)

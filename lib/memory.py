@@ -32,7 +32,9 @@ _TYPE = click.option("--type", "entry_type", type=click.Choice(["failure", "patt
 
 
 def _memory(env: Env):
-    return env.store.memory_store()
+    from ftl.memory import MemoryStore
+
+    return MemoryStore(env.store)
 
 
 def _views(entries: list[dict]) -> list[dict]:
@@ -162,7 +164,9 @@ def verify_loop_report(store) -> dict[str, Any]:
     """FTL ``verify_loop``: is the learning loop closed (memory injected, builders' UTILIZED
     recorded, feedback counted)? ``{loop_status: CLOSED | OPEN, summary, issues,
     recommendations, sample_utilized_workspaces, sample_feedback_memories}``."""
-    totals = store.memory_store().feedback_totals()
+    from ftl.memory import MemoryStore
+
+    totals = MemoryStore(store).feedback_totals()
     rows = [w for c in store.list_campaigns() for w in store.workspaces(c["campaign_id"])]
     complete = [w for w in rows if w["status"] == "complete"]
 

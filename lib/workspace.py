@@ -128,8 +128,10 @@ def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
         text = f"Task {seq} is {row['status']}; no new attempt can start ({hint})."
         raise FtlError("conflict", {"what": text}, message=text)
     task = plan.task(seq)
-    memory = env.store.memory_store().context(objective=plan.objective or None, max_failures=5,
-                                              max_patterns=3)
+    from ftl.memory import MemoryStore
+
+    memory = MemoryStore(env.store).context(objective=plan.objective or None, max_failures=5,
+                                            max_patterns=3)
     workspace = build_workspace(
         campaign_id=cid, plan=plan, task=task, attempt=row["attempts"],
         timeout_s=env.config.task_timeout_s(task.budget, task.timeout_s),

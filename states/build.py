@@ -126,6 +126,8 @@ def run_task(run: Run, seq: str, token: CancelToken, worker: str) -> TaskOutcome
 
 def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
              recorded: list[Any], worker: str = "w1") -> TaskOutcome:
+    from ftl.memory import MemoryStore
+
     task = run.current_plan.task(seq)
     # The full rows of what the workspace reads: this task, its dependencies, the blocked tasks
     # (sibling failures, from an index). Nothing here reads every task of a big campaign.
@@ -137,8 +139,8 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
     workspace = build_workspace(
         campaign_id=run.campaign_id, plan=run.current_plan, task=task, attempt=attempt,
         timeout_s=timeout_s, tasks=rows,
-        memory=run.store.memory(type="failure", limit=5,
-                                objective=f"{run.current_plan.objective} {task.slug}"))
+        memory=MemoryStore(run.store).context(objective=f"{run.current_plan.objective} {task.slug}",
+                                              max_failures=5, max_patterns=0)["failures"])
     spec = workspace.model_dump(mode="json")
     facts = _task_kind_facts(run, task)
     if run.task_isolation(task) == "worktree":

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ftl.config import Config
-from ftl.memory import scoring
+from ftl.memory import MemoryStore, scoring
 from ftl.engine.runner import Runner
 from ftl.store import Store
 
@@ -67,7 +67,7 @@ def test_a_second_campaign_receives_the_first_ones_failure_and_its_feedback_coun
         injected = workspace["spec"]["prior_knowledge"]["failures"]
         assert [f["name"] for f in injected] == [name]
         assert injected[0]["trigger"] == failures[0]["trigger"]
-        entry = store.memory_store().get(name)
+        entry = MemoryStore(store).get(name)
         assert entry["times_helped"] == 1 and entry["times_failed"] == 0
         assert entry["importance"] != before
         assert entry["importance"] == pytest.approx(
@@ -81,7 +81,7 @@ def test_a_second_campaign_receives_the_first_ones_failure_and_its_feedback_coun
 def memory(tmp_path: Path):
     moment = [datetime(2026, 1, 1, tzinfo=timezone.utc)]
     with Store(tmp_path / "ftl.db", clock=lambda: moment[0]) as store:
-        yield store.memory_store(), moment
+        yield MemoryStore(store), moment
 
 
 def failure(name: str, trigger: str, cost: int = 1000, **extra) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import graphlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +25,7 @@ MAX_LINES = 500
 ALLOWED = {
     "codec": set(), "schema": set(),
     "campaigns": {"codec"}, "plans": {"codec"}, "tasks": {"codec"}, "task_set": {"codec", "tasks"},
-    "workspaces": {"codec"}, "explorations": {"codec"}, "memory_facade": {"codec"},
-    "memory_tables": {"codec"},
+    "workspaces": {"codec"}, "explorations": {"codec"}, "memory_tables": {"codec"},
 }
 
 
@@ -84,8 +84,8 @@ def test_importing_the_store_loads_neither_the_models_nor_logging() -> None:
     assert "ftl.models" in after
 
 
-# The store's private plumbing, which code outside the package reached for before `Store.session`,
-# `clock`, `now` and `prepared` existed (ftl/memory/store.py did, twenty times).
+# The store's private plumbing, which code outside the package once reached for (ftl/memory/store.py
+# did, twenty times, when the memory room still held its own SQL).
 _PRIVATE = {"_session", "_clock", "_now", "_conn", "_lock", "_translate", "_memory_ready"}
 
 
@@ -102,29 +102,33 @@ def test_no_room_outside_the_package_reaches_into_the_stores_private_plumbing() 
     assert offenders == []
 
 
-def test_a_room_prepares_its_tables_once_and_its_session_rolls_back_on_error(tmp_path: Path) -> None:
-    import sqlite3
+# Where SQL text outside the store is not the store's: path prefix -> why.
+_NOT_THE_STORE = {
+    "ftl/postmortem/": "the spool is a scratch SQLite database of its own, not the store's file",
+    "ftl/sanitize.py": "a pattern that finds SQL in a message, to scrub it",
+}
+# SQL statements as they start.
+_SQL = re.compile(r"\b(SELECT\b.+\bFROM|INSERT\s+(OR\s+\w+\s+)?INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM"
+                  r"|CREATE\s+(TEMP\s+)?(TABLE|INDEX|VIRTUAL\s+TABLE|TRIGGER)|PRAGMA\s+\w+)\b", re.S)
 
-    import pytest
 
-    from ftl.errors import FtlError
+def test_the_store_is_the_only_package_that_writes_sql() -> None:
+    # design.md §2: ftl/memory/ keeps the rules (scoring, ranking, walks) and calls the store
+    offenders = []
+    for directory in ("ftl", "states", "lib"):
+        for path in sorted((ROOT / directory).rglob("*.py")):
+            where = path.relative_to(ROOT).as_posix()
+            if PACKAGE in path.parents or any(where.startswith(p) for p in _NOT_THE_STORE):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and _SQL.search(node.value):
+                    offenders.append(f"{where}:{node.lineno} {node.value[:60]!r}")
+                elif isinstance(node, ast.Attribute) and node.attr in ("execute", "executemany", "cursor"):
+                    offenders.append(f"{where}:{node.lineno} .{node.attr}")
+    assert offenders == []
 
-    calls = []
 
-    def setup(conn: sqlite3.Connection) -> None:
-        calls.append(1)
-        conn.execute("CREATE TABLE IF NOT EXISTS room_note (text TEXT NOT NULL)")
-
-    with ftl.store.Store.for_repo(tmp_path) as store:
-        store.prepared("notes", setup)
-        store.prepared("notes", setup)
-        assert calls == [1]
-        with pytest.raises(RuntimeError), store.session(write=True) as conn:
-            conn.execute("INSERT INTO room_note VALUES ('kept?')")
-            raise RuntimeError("the room's own failure")
-        with store.session() as conn:
-            assert conn.execute("SELECT COUNT(*) FROM room_note").fetchone()[0] == 0
-        with pytest.raises(FtlError) as caught, store.session(write=True) as conn:
-            conn.execute("INSERT INTO room_note VALUES (NULL)")  # NOT NULL: a constraint
-        assert caught.value.error_type == "conflict"
-        assert store.now().endswith("Z") and store.clock().tzinfo is not None
+def test_the_sql_check_sees_a_statement() -> None:
+    assert _SQL.search("SELECT id FROM memory_entry") and _SQL.search("INSERT OR IGNORE INTO t VALUES (1)")
+    assert _SQL.search("UPDATE memory_entry SET x = 1") and _SQL.search("CREATE VIRTUAL TABLE f USING fts5(a)")
+    assert not _SQL.search("Select the entries from memory") and not _SQL.search("update the set")

@@ -1,6 +1,7 @@
 """The memory room's tables in the store (`ftl.store.memory_tables`, migration 5): a store file
 written before the tables moved keeps its entries, edges, text index and counted feedback; the
-table operations run a memory rule inside their own write transaction."""
+table operations run a memory rule inside their own write transaction; the store's row-level door
+(`Store.add_memory`) applies no rule of the memory room."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ftl.errors import FtlError
 from ftl.memory import MemoryStore
 from ftl.store import MIGRATIONS, SCHEMA_VERSION, Store
 
@@ -236,3 +238,16 @@ def test_prune_deletes_the_named_entries_of_each_type_and_their_edges(tmp_path: 
                                               "pattern": {"deleted": 0, "remaining": 1}, "edges_removed": 2}
         assert seen == {"failure": [1, 2, 3], "pattern": [4]}
         assert [e["name"] for e in store.memory_entries(order="id")] == ["a", "c", "p"]
+
+
+def test_the_stores_own_door_applies_no_memory_rule(tmp_path: Path) -> None:
+    with Store(tmp_path / "ftl.db") as store:
+        first = store.add_memory({"name": "net", "type": "failure", "trigger": "ConnectionError: host unreachable",
+                                  "fix": "retry", "cost": 4000})
+        assert first["importance"] == 0 and first["cost"] == 4000
+        store.add_memory({"name": "net2", "type": "failure", "trigger": "ConnectionError: host unreachable!",
+                          "fix": "retry"})
+        assert [e["name"] for e in store.memory()] == ["net", "net2"]  # a similar trigger is not merged
+        with pytest.raises(FtlError) as caught:
+            store.add_memory({"name": "n", "type": "failure", "trigger": "t", "fix": "f", "cost": "lots"})
+        assert caught.value.error_type == "schema_invalid"

@@ -123,12 +123,13 @@ class _Clock:
 def _scratch(entries: list[dict[str, Any]]) -> Iterator[Any]:
     """A temporary `ftl.store.Store` holding ``entries`` (each with ``age_days``); yields its
     `MemoryStore` and removes the directory afterwards."""
+    from ftl.memory import MemoryStore
     from ftl.store import Store
 
     clock = _Clock()
     now = clock.moment
     with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp, Store(Path(tmp) / "ftl.db", clock=clock) as store:
-        memory = store.memory_store()
+        memory = MemoryStore(store)
         for entry in entries:
             clock.moment = now - timedelta(days=entry["age_days"])
             memory.add({k: v for k, v in entry.items() if k != "age_days"}, validate=False)

@@ -1,5 +1,5 @@
 """The SQLite store (``<repo>/.ftl/ftl.db``): campaigns, plan versions, tasks, workspaces,
-explorer results, explorations and memory. The only package in ftl that writes SQL.
+explorer results, explorations and memory's tables. The only package in ftl that writes SQL.
 
 What it fixes from FTL's store (``shared/reference/ftl-behaviour.md`` §5.6, §8.2 items 11-14,
 §8.3 item 11): one row per task instead of one JSON column per campaign; a single table of legal
@@ -45,8 +45,8 @@ The package, one module per concern (each imports only the ones listed before it
 * `ftl.store.schema`: `MIGRATIONS`, `SCHEMA_VERSION`, `migrate`, the connection settings.
 * `ftl.store.campaigns`, `ftl.store.plans`, `ftl.store.tasks` (rows and the status machine),
   `ftl.store.task_set` (add-tasks and the re-plan merge), `ftl.store.workspaces`,
-  `ftl.store.explorations`, `ftl.store.memory_tables` (the memory room's tables),
-  `ftl.store.memory_facade`: the rows of each table, as mixins.
+  `ftl.store.explorations`, `ftl.store.memory_tables` (the memory room's tables; its rules are
+  in `ftl.memory`): the rows of each table, as mixins.
 * this module: `Store`, which composes the mixins and owns the connection, its sessions and the
   translation of SQLite errors; and the names above, re-exported (``from ftl.store import ...``
   keeps working for every name the single module had).
@@ -65,8 +65,7 @@ from ftl.errors import FtlError
 from ftl.store.campaigns import CAMPAIGN_STATUSES, FINISHED_STATUSES, FLOWS, CampaignsMixin
 from ftl.store.codec import _LONG_DIGITS, _dumps, _loads, _seq, _seqs_json, _utc_now, _violation, format_ts
 from ftl.store.explorations import ExplorationsMixin
-from ftl.store.memory_facade import MEMORY_TYPES, MemoryMixin
-from ftl.store.memory_tables import MemoryTablesMixin
+from ftl.store.memory_tables import MEMORY_TYPES, MemoryTablesMixin
 from ftl.store.plans import _PLAN_TEXT_COLUMNS, _TASKS_KEY, PlanVersionsMixin
 from ftl.store.schema import BUSY_TIMEOUT_MS, MIGRATIONS, PAGE_SIZE, SCHEMA_VERSION, migrate
 from ftl.store.task_set import _INSERT_BATCH, TaskSetMixin, check_plan_graph
@@ -106,7 +105,7 @@ def __getattr__(name: str) -> Any:
 
 
 class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, WorkspacesMixin,
-            ExplorationsMixin, MemoryMixin, MemoryTablesMixin):
+            ExplorationsMixin, MemoryTablesMixin):
     """Campaign state in SQLite, safe to share between threads and processes.
 
     Args:
@@ -125,7 +124,6 @@ class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, Workspa
         self.path = Path(path)
         self._label = f"{self.path.parent.name}/{self.path.name}" if self.path.parent.name else self.path.name
         self._clock = clock or _utc_now
-        self._prepared_rooms: set[str] = set()  # see `prepared`
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         try:
@@ -174,37 +172,16 @@ class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, Workspa
     def __exit__(self, *exc_info: Any) -> None:
         self.close()
 
-    # ------------------------------------------------------------------ rooms with their own tables
-
-    def session(self, write: bool = False) -> Any:
-        """A context manager holding this store's lock and connection, for a room that keeps
-        its own tables in the same file (`ftl.memory.MemoryStore`): with ``write``, the body
-        runs in one ``BEGIN IMMEDIATE`` transaction (ROLLBACK on error). sqlite3 errors come out
-        as the same safe FtlErrors as the store's own (lock_contention, conflict,
-        internal_error).
-
-        Raises: FtlError(invalid_state) once the store is closed.
-        """
-        return self._session(write=write)
+    # ------------------------------------------------------------------ the clock, for other rooms
 
     def clock(self) -> datetime:
-        """The store's notion of now (its injected clock: tests use a fake one)."""
+        """The store's notion of now (its injected clock: tests use a fake one), for a room whose
+        rules depend on the time of the rows (`ftl.memory`: importance decays with age)."""
         return self._clock()
 
     def now(self) -> str:
         """`clock` as the RFC 3339 text every row's timestamps use (`format_ts`)."""
         return self._now()
-
-    def prepared(self, room: str, setup: Any) -> None:
-        """Run ``setup(conn)`` (a room's CREATE ... IF NOT EXISTS) in one write transaction, once
-        per room and store; later calls return at once."""
-        with self._lock:
-            if room in self._prepared_rooms:
-                return
-        with self._session(write=True) as conn:
-            setup(conn)
-        with self._lock:
-            self._prepared_rooms.add(room)
 
     # ------------------------------------------------------------------ plumbing
 

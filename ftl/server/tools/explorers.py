@@ -747,11 +747,12 @@ def explore_memory(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
         if not ctx.store_path.exists():
             return empty
         try:
+            from ftl.memory import MemoryStore
             from ftl.store import Store
         except ImportError:
             return empty
         with Store(ctx.store_path) as store:
-            memory = store.memory_store()
+            memory = MemoryStore(store)
             counts = {k: v["count"] for k, v in memory.stats().items()}
             found = memory.context(objective=args.objective or None, max_failures=MEMORY_MAX_FAILURES,
                                    max_patterns=MEMORY_MAX_PATTERNS, relevance_threshold=RELEVANCE_FLOOR,

@@ -2,8 +2,8 @@
 
 OBSERVE calls it once per campaign. It reads the campaign's task rows and workspace attempts from
 the store, extracts failure patterns from blocked attempts and success patterns from completed
-tasks, and writes them with ``Store.add_memory`` (which merges an entry seen before by its
-``(name, type)``). Then it closes FTL's learning loop: for every completed attempt whose builder
+tasks, and writes them with `ftl.memory.MemoryStore.record` (which merges an entry seen before
+by its ``(name, type)`` or a similar trigger). Then it closes FTL's learning loop: for every completed attempt whose builder
 reported ``utilized`` memory entries, each entry injected into that attempt's prior knowledge
 counts as helped (utilized) or not (`ftl.memory.MemoryStore.feedback_batch`, once per attempt),
 which moves its importance. Rules after FTL observer.py analyze
@@ -197,13 +197,13 @@ def extract_patterns(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
     return patterns
 
 
-def _store_entry(store: Any, entry: dict[str, Any], known: dict[tuple[str, str], dict]) -> str:
+def _store_entry(memory: Any, entry: dict[str, Any], known: dict[tuple[str, str], dict]) -> str:
     """Write ``entry`` unless memory already holds it with all its sources (a re-run of OBSERVE
     must not count the same attempts twice). Returns added | merged | unchanged."""
     existing = known.get((entry["name"], entry["type"]))
     if existing is not None and set(entry["source"]) <= set(existing.get("source") or []):
         return "unchanged"
-    stored = store.add_memory(entry)
+    stored = memory.record(entry)
     known[(entry["name"], entry["type"])] = stored
     return "added" if existing is None else "merged"
 
@@ -234,8 +234,10 @@ def injected_of(workspace: dict[str, Any]) -> list[dict[str, str]]:
 def record_feedback(store: Any, campaign_id: str, workspaces: list[dict[str, Any]]) -> dict[str, int]:
     """Count the builders' ``utilized`` feedback of completed attempts into memory, once per
     attempt (an OBSERVE re-run counts nothing twice). Returns ``{"helped": n, "not_helped": m}``."""
+    from ftl.memory import MemoryStore
+
     total = {"helped": 0, "not_helped": 0}
-    memory = store.memory_store()
+    memory = MemoryStore(store)
     for ws in workspaces:
         if ws.get("status") != "complete":
             continue
@@ -265,22 +267,23 @@ def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
     """
     if not ctx.store_path.exists():
         raise FtlError("not_found", {"what": f"campaign {args.campaign_id} (no store yet)"})
+    from ftl.memory import MemoryStore
     from ftl.store import Store
 
     with Store(ctx.store_path) as store:
+        memory = MemoryStore(store)
         tasks = store.tasks(args.campaign_id)
         workspaces = store.workspaces(args.campaign_id)
         failures = extract_failures(tasks, workspaces, args.campaign_id)
         patterns = extract_patterns(tasks, workspaces, args.campaign_id)
-        known = {(m["name"], m["type"]): m for m in store.memory(limit=100_000)}
+        known = {(m["name"], m["type"]): m for m in memory.entries(limit=100_000)}
         failures_out = [{"name": f["name"], "trigger": f["trigger"],
-                         "result": _store_entry(store, f, known)} for f in failures]
+                         "result": _store_entry(memory, f, known)} for f in failures]
         patterns_out = [{"name": p["name"], "score": p["score"], "breakdown": p["breakdown"],
-                         "result": _store_entry(store, p, known)} for p in patterns]
+                         "result": _store_entry(memory, p, known)} for p in patterns]
         feedback = record_feedback(store, args.campaign_id, workspaces)
         # FTL links the failures of one campaign to each other (co_occurs, both ways).
         names = [f["name"] for f in failures]
-        memory = store.memory_store()
         linked = sum(memory.add_relationship(a, b, "failure", "co_occurs") == "added"
                      for i, a in enumerate(names) for b in names[i + 1:])
     counts: dict[str, int] = {"complete": 0, "blocked": 0}
