@@ -467,5 +467,6 @@ class MemoryStore:
     def feedback_totals(self) -> dict[str, Any]:
         """``{total, with_feedback: [names], helped, failed}`` over every entry (for verify-loop)."""
         rows = self._store.memory_feedback_counts()
-        return {"total": len(rows), "with_feedback": [name for name, helped, failed in rows if helped > 0 or failed > 0],
+        with_feedback = [name for name, helped, failed in rows if helped > 0 or failed > 0]
+        return {"total": len(rows), "with_feedback": with_feedback,
                 "helped": sum(r[1] for r in rows), "failed": sum(r[2] for r in rows)}

@@ -3,13 +3,13 @@
 OBSERVE calls it once per campaign. It reads the campaign's task rows and workspace attempts from
 the store, extracts failure patterns from blocked attempts and success patterns from completed
 tasks, and writes them with `ftl.memory.MemoryStore.record` (which merges an entry seen before
-by its ``(name, type)`` or a similar trigger). Then it closes FTL's learning loop: for every completed attempt whose builder
-reported ``utilized`` memory entries, each entry injected into that attempt's prior knowledge
-counts as helped (utilized) or not (`ftl.memory.MemoryStore.feedback_batch`, once per attempt),
-which moves its importance. Rules after FTL observer.py analyze
-(``shared/reference/ftl-behaviour.md`` §7), limited to this campaign (FTL scanned every
-campaign's workspaces) and without FTL's re-run of verify commands to confirm blocks: the
-runner already ran verify itself before blocking.
+by its ``(name, type)`` or a similar trigger). Then it closes FTL's learning loop: for every
+completed attempt whose builder reported ``utilized`` memory entries, each entry injected into
+that attempt's prior knowledge counts as helped (utilized) or not
+(`ftl.memory.MemoryStore.feedback_batch`, once per attempt), which moves its importance. Rules
+after FTL observer.py analyze (``shared/reference/ftl-behaviour.md`` §7), limited to this
+campaign (FTL scanned every campaign's workspaces) and without FTL's re-run of verify commands
+to confirm blocks: the runner already ran verify itself before blocking.
 """
 
 from __future__ import annotations
