@@ -51,7 +51,7 @@ def test_a_second_campaign_receives_the_first_ones_failure_and_its_feedback_coun
             {"seq": "002", "slug": "readme", "run": "true", "verify": "true"}]})
     assert first.exit_code == 3, first.summary  # finished with the task blocked
     with Store.for_repo(repo) as store:
-        failures = store.memory(type="failure")
+        failures = MemoryStore(store).entries("failure")
         assert len(failures) == 1 and failures[0]["cost"] == 2000
         name, before = failures[0]["name"], failures[0]["importance"]
         assert before > 0 and failures[0]["times_helped"] == 0

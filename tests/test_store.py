@@ -26,6 +26,7 @@ from ftl import dag
 from ftl.errors import FtlError
 from ftl.models import Plan, TaskStatus
 from ftl.store import SCHEMA_VERSION, TRANSITIONS, Store, format_ts
+from ftl.memory import MemoryStore
 
 REPO_ROOT = Path(ftl.__file__).resolve().parent.parent
 
@@ -414,7 +415,7 @@ def _memory_worker(db: str, count: int, barrier) -> None:
     with Store(Path(db)) as s:
         barrier.wait()
         for i in range(count):
-            s.add_memory({"name": "shared", "type": "failure", "trigger": "t", "fix": "f", "source": [f"{os.getpid()}-{i}"]})
+            MemoryStore(s).record({"name": "shared", "type": "failure", "trigger": "t", "fix": "f", "source": [f"{os.getpid()}-{i}"]})
 
 
 def _spawn_all(target, arg_sets) -> None:
@@ -453,7 +454,7 @@ def test_two_processes_lose_no_read_modify_write_update(tmp_path: Path):
     barrier = multiprocessing.get_context("spawn").Barrier(2)
     _spawn_all(_memory_worker, [(str(db), 25, barrier), (str(db), 25, barrier)])
     with Store(db) as s:
-        [entry] = s.memory("failure")
+        [entry] = MemoryStore(s).entries("failure")
     assert entry["occurrences"] == 50 and len(entry["source"]) == 50
 
 
@@ -469,7 +470,7 @@ def test_threads_share_one_store(store: Store, campaign: str):
         except FtlError as exc:
             assert exc.error_type == "invalid_state"
         for i in range(10):
-            store.add_memory({"name": "m", "type": "pattern", "trigger": "t", "insight": "i", "source": [f"{n}"]})
+            MemoryStore(store).record({"name": "m", "type": "pattern", "trigger": "t", "insight": "i", "source": [f"{n}"]})
 
     threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
     for t in threads:
@@ -477,7 +478,7 @@ def test_threads_share_one_store(store: Store, campaign: str):
     for t in threads:
         t.join()
     assert len(winners) == 1
-    assert store.memory("pattern")[0]["occurrences"] == 80
+    assert MemoryStore(store).entries("pattern")[0]["occurrences"] == 80
 
 
 CRASH_CHILD = """
@@ -742,32 +743,32 @@ def test_explorer_results_and_exploration(store: Store, campaign: str):
 
 
 def test_memory_dedups_by_name_and_type(store: Store):
-    first = store.add_memory({"name": "import-cycle", "type": "failure", "trigger": "ImportError",
+    first = MemoryStore(store).record({"name": "import-cycle", "type": "failure", "trigger": "ImportError",
                               "fix": "move the import", "source": ["001-a"], "campaign_id": "c-1", "cost": 500})
     assert first["occurrences"] == 1 and first["fix"] == "move the import" and first["cost"] == 500
-    again = store.add_memory({"name": "import-cycle", "type": "failure", "trigger": "other",
+    again = MemoryStore(store).record({"name": "import-cycle", "type": "failure", "trigger": "other",
                               "fix": "other", "source": ["002-b", "001-a"]})
     assert again["occurrences"] == 2 and again["source"] == ["001-a", "002-b"]
     assert again["fix"] == "move the import" and again["trigger"] == "ImportError"
-    store.add_memory({"name": "import-cycle", "type": "pattern", "trigger": "t", "insight": "lazy imports"})
-    store.add_memory({"name": "rare", "type": "failure", "trigger": "t", "fix": "f"})
-    assert [m["name"] for m in store.memory("failure")] == ["import-cycle", "rare"]
-    assert [m["type"] for m in store.memory("pattern")] == ["pattern"]
-    assert len(store.memory()) == 3 and len(store.memory(limit=1)) == 1
+    MemoryStore(store).record({"name": "import-cycle", "type": "pattern", "trigger": "t", "insight": "lazy imports"})
+    MemoryStore(store).record({"name": "rare", "type": "failure", "trigger": "t", "fix": "f"})
+    assert [m["name"] for m in MemoryStore(store).entries("failure")] == ["import-cycle", "rare"]
+    assert [m["type"] for m in MemoryStore(store).entries("pattern")] == ["pattern"]
+    assert len(MemoryStore(store).entries(limit=50)) == 3 and len(MemoryStore(store).entries(limit=1)) == 1
 
 
 @pytest.mark.parametrize("entry", [
     {"type": "failure", "trigger": "t", "fix": "f"},
     {"name": "n", "type": "success", "trigger": "t", "fix": "f"},
-    {"name": "n", "type": "failure", "trigger": "", "fix": "f"},
-    {"name": "n", "type": "failure", "trigger": "t", "insight": "wrong key"},
+    {"name": "n", "type": "failure", "trigger": 5, "fix": "f"},
+    {"name": "n", "type": "failure", "trigger": "t", "fix": ["not", "text"]},
     {"name": "n", "type": "pattern", "trigger": "t", "insight": "i", "source": 5},
 ])
 def test_memory_rejects_malformed_entries(store: Store, entry):
     with pytest.raises(FtlError) as excinfo:
-        store.add_memory(entry)
+        MemoryStore(store).record(entry)
     assert error_of(excinfo).error_type == "schema_invalid"
-    assert store.memory() == []
+    assert MemoryStore(store).entries(limit=50) == []
 
 
 def test_task_graph_and_selected_tasks_match_the_full_rows(store: Store):

@@ -151,7 +151,7 @@ def test_rows_of_the_first_memory_table_are_copied_once(tmp_path: Path) -> None:
         assert [e["name"] for e in memory.query("import", threshold=0.0)] == ["import-cycle", "lazy"]
         assert memory.prune(max_failures=0, max_patterns=10, min_importance=0)["pruned_failures"] == 1
     with Store(db) as store:  # reopened: no migration runs, the pruned entry stays gone
-        assert [e["name"] for e in store.memory()] == ["lazy"]
+        assert [e["name"] for e in store.memory_entries()] == ["lazy"]
 
 
 def test_entries_pruned_before_the_migration_do_not_come_back(tmp_path: Path) -> None:
@@ -166,7 +166,7 @@ def test_entries_pruned_before_the_migration_do_not_come_back(tmp_path: Path) ->
                  f"VALUES ('kept', 'failure', 'kept trigger text', 'f', '{NOW}', '{NOW}')")
     conn.close()
     with Store(db) as store:
-        assert [e["name"] for e in store.memory()] == ["kept"]
+        assert [e["name"] for e in store.memory_entries()] == ["kept"]
 
 
 def test_a_new_store_has_the_memory_tables_at_once(tmp_path: Path) -> None:
@@ -238,16 +238,3 @@ def test_prune_deletes_the_named_entries_of_each_type_and_their_edges(tmp_path: 
                                               "pattern": {"deleted": 0, "remaining": 1}, "edges_removed": 2}
         assert seen == {"failure": [1, 2, 3], "pattern": [4]}
         assert [e["name"] for e in store.memory_entries(order="id")] == ["a", "c", "p"]
-
-
-def test_the_stores_own_door_applies_no_memory_rule(tmp_path: Path) -> None:
-    with Store(tmp_path / "ftl.db") as store:
-        first = store.add_memory({"name": "net", "type": "failure", "trigger": "ConnectionError: host unreachable",
-                                  "fix": "retry", "cost": 4000})
-        assert first["importance"] == 0 and first["cost"] == 4000
-        store.add_memory({"name": "net2", "type": "failure", "trigger": "ConnectionError: host unreachable!",
-                          "fix": "retry"})
-        assert [e["name"] for e in store.memory()] == ["net", "net2"]  # a similar trigger is not merged
-        with pytest.raises(FtlError) as caught:
-            store.add_memory({"name": "n", "type": "failure", "trigger": "t", "fix": "f", "cost": "lots"})
-        assert caught.value.error_type == "schema_invalid"

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable
 
-from ftl.store.codec import _violation
 
 MEMORY_TYPES = ("failure", "pattern")
 
@@ -334,62 +333,3 @@ class MemoryTablesMixin:
             conn.executemany("UPDATE memory_entry SET cross_relationships = ? WHERE id = ?",
                              [(json.dumps(fcross), fid), (json.dumps(pcross), pid)])
         return "added"
-
-    # ------------------------------------------------------------------ the store's own door
-
-    def add_memory(self, entry: dict) -> dict:
-        """Record an entry as rows: an entry with the same ``(name, type)`` is not duplicated, its
-        ``occurrences`` goes up by one and the sources are united (the first text is kept).
-
-        ``entry``: ``{name, type: failure|pattern, trigger, fix (failure) | insight (pattern),
-        cost | saved?, match?, source?: [..], campaign_id?, ...}``; extra keys are kept. No rule
-        of the memory room applies: no quality gate, no merge of a similar trigger, importance 0.
-        ftl's own writers go through `ftl.memory.MemoryStore.record`, which adds them.
-        Returns the stored entry (`memory_entry` shape).
-
-        Raises: FtlError(schema_invalid) naming the missing or malformed key.
-        """
-        if not isinstance(entry, dict):
-            raise _violation("memory", "must be a JSON object")
-        name, kind, trigger = entry.get("name"), entry.get("type"), entry.get("trigger")
-        if not isinstance(name, str) or not name.strip():
-            raise _violation("memory.name", "must be a non-empty string")
-        if kind not in MEMORY_TYPES:
-            raise _violation("memory.type", f"must be one of {', '.join(MEMORY_TYPES)}, got {kind!r}")
-        if not isinstance(trigger, str) or not trigger.strip():
-            raise _violation("memory.trigger", "must be a non-empty string")
-        text_key, value_key = ("fix", "cost") if kind == "failure" else ("insight", "saved")
-        if not isinstance(entry.get(text_key), str):
-            raise _violation(f"memory.{text_key}", f"a {kind} entry needs a {text_key} string")
-        value = entry.get(value_key, entry.get("cost", 0)) or 0
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise _violation(f"memory.{value_key}", "must be a number of tokens")
-        source = entry.get("source") or []
-        if isinstance(source, str):
-            source = [source]
-        if not isinstance(source, list):
-            raise _violation("memory.source", "must be a list of workspace ids")
-        created = entry.get("created_at")
-        self.add_memory_entry({
-            "name": name, "type": kind, "trigger": trigger, "resolution": entry[text_key],
-            "match": entry.get("match") if kind == "failure" else None, "cost": value, "source": source,
-            "extra": extra_fields(entry),
-            "campaign_id": entry.get("campaign_id"),
-            "created_at": created if isinstance(created, str) else self._now(), "importance": 0,
-            "related_typed": entry.get("related_typed") or {},
-            "cross_relationships": entry.get("cross_relationships") or {}},
-            keep_higher_cost=kind == "failure")
-        return self.memory_entry(name, kind)
-
-    def memory(self, type: str | None = None, limit: int = 50) -> list[dict]:
-        """Memory entries of one type (None: both), most important first, at most ``limit``
-        (`memory_entry` shape). Ranking for an objective is the memory room's
-        (`ftl.memory.MemoryStore.context`).
-
-        Raises: FtlError(schema_invalid) for an unknown type or a negative limit.
-        """
-        if type is not None and type not in MEMORY_TYPES:
-            raise _violation("type", f"must be one of {', '.join(MEMORY_TYPES)}, got {type!r}")
-        if limit < 0:
-            raise _violation("limit", "must be >= 0")
-        return self.memory_entries(type, limit=limit)

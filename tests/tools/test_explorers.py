@@ -13,6 +13,7 @@ from ftl.server.tools.explorers import (ExploreArgs, detect_frameworks, explore_
                                         explore_memory, explore_pattern, explore_structure,
                                         keywords, parse_readme_idioms)
 from ftl.store import Store
+from ftl.memory import MemoryStore
 
 from .conftest import git, write
 
@@ -185,11 +186,11 @@ def test_unexpected_failure_is_an_error_result_without_internals(tmp_path, ctx_f
 
 def test_memory_ranks_by_objective_overlap_and_finds_similar_campaigns(tmp_path, ctx_for):
     with Store.for_repo(tmp_path) as store:
-        store.add_memory({"name": "auth-token-expiry", "type": "failure",
+        MemoryStore(store).record({"name": "auth-token-expiry", "type": "failure",
                           "trigger": "JWT token expired during login test", "fix": "freeze time"})
-        store.add_memory({"name": "css-grid", "type": "failure", "trigger": "layout broke",
+        MemoryStore(store).record({"name": "css-grid", "type": "failure", "trigger": "layout broke",
                           "fix": "use flex"})
-        store.add_memory({"name": "login-form", "type": "pattern", "trigger": "login form",
+        MemoryStore(store).record({"name": "login-form", "type": "pattern", "trigger": "login form",
                           "insight": "validate the token server side"})
         old = store.create_campaign("Add login with token refresh")
         store.finish_campaign(old["campaign_id"], "complete", {"complete": 2, "blocked": 0})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftl.errors import FtlError
+from ftl.memory import MemoryStore
 from ftl.server.tools.observer import (ObserveArgs, extract_failures, failure_name, observer,
                                        score_pattern)
 
@@ -49,7 +50,7 @@ def test_observer_extracts_failures_and_patterns(tmp_path, ctx_for, observed):
         "fix--fixed-after-block": {"name": "fix--fixed-after-block", "score": 3, "result": "added",
                                    "breakdown": {"blocked_then_fixed": 3}}}
 
-    memory = {m["name"]: m for m in store.memory(limit=100)}
+    memory = {m["name"]: m for m in MemoryStore(store).entries(limit=100)}
     fixed = memory["fix--verify-failed-task-verify-command-failed"]
     assert fixed["trigger"] == "verify_failed: Task 003's verify command failed (exit 1)."
     assert fixed["fix"] == "off-by-one fixed in fix.py"
@@ -65,7 +66,7 @@ def test_observer_twice_does_not_count_the_same_attempts_again(tmp_path, ctx_for
     observer(ObserveArgs(campaign_id=cid), ctx_for(tmp_path))
     again = observer(ObserveArgs(campaign_id=cid), ctx_for(tmp_path))
     assert {f["result"] for f in again["failures_extracted"] + again["patterns_extracted"]} == {"unchanged"}
-    assert {m["occurrences"] for m in store.memory(limit=100)} == {1}
+    assert {m["occurrences"] for m in MemoryStore(store).entries(limit=100)} == {1}
 
 
 def test_same_failure_in_another_campaign_merges(tmp_path, ctx_for, observed):
@@ -78,7 +79,7 @@ def test_same_failure_in_another_campaign_merges(tmp_path, ctx_for, observed):
     assert result["failures_extracted"] == [{"name": "net--timeout-build-did-not-finish-within",
                                              "trigger": "timeout: build did not finish within 120 s.",
                                              "result": "merged"}]
-    entry = next(m for m in store2.memory(type="failure") if m["name"].startswith("net--"))
+    entry = next(m for m in MemoryStore(store2).entries("failure") if m["name"].startswith("net--"))
     assert entry["occurrences"] == 2 and entry["source"] == [f"{cid}/004-net/1", f"{cid2}/001-net/1"]
     store2.close()
 
