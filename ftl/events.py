@@ -189,6 +189,38 @@ def _parse(raw: bytes, number: int, report: ReadReport, *, last: bool) -> dict[s
         return None
 
 
+_TASK_MARKERS = (b'"event":"RUN_START"', b'"event":"TASK_START"', b'"event":"TASK_END"')
+
+
+def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
+    """The ``TASK_START`` events of the log's last run that no ``TASK_END`` follows, by task
+    seq: the attempts a crash cut. ``{}`` when the file is absent.
+
+    Only the lines of those three events are parsed (the writer's compact, key-sorted JSON names
+    them verbatim; inside a string value the quotes would be escaped), so a long log costs a
+    byte search per line; an unreadable line is skipped as in `read_events`.
+    """
+    found: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return found
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if not any(marker in raw for marker in _TASK_MARKERS):
+                continue
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            kind, seq = event.get("event"), event.get("task_seq")
+            if kind == RUN_START:
+                found.clear()
+            elif kind == TASK_START and seq is not None:
+                found[str(seq)] = event
+            elif kind == TASK_END and seq is not None:
+                found.pop(str(seq), None)
+    return found
+
+
 class EventLog:
     """Append-only, thread-safe writer of one campaign's events.
 

@@ -113,6 +113,8 @@ KILLS = {
     "after_create_campaign": lambda: kill_after("create_campaign", lambda *a, **k: True),
     "after_merge": lambda: kill_after("merge_revised_plan", lambda *a, **k: True),
     "after_reused_attempt_recorded": lambda: kill_after("record_workspace", reusing),
+    "after_complete_recorded": lambda: kill_after(
+        "transition_task", lambda self, cid, seq, status, *a, **k: (seq, status) == ("001", "complete")),
     "after_plan_state_saved": lambda: kill_after(
         "save_machine", lambda self, cid, state, *a, **k: state == "PLAN"),
 }
@@ -275,6 +277,26 @@ def test_kill_right_after_a_reused_build_is_recorded_keeps_the_checkpoint(tmp_pa
         statuses = [w["status"] for w in store.workspaces(result.campaign_id, "001")]
     assert statuses == ["built", "built", "complete"]
     assert replay(logs(repo)).violations == []
+
+
+def test_a_kill_between_a_tasks_stored_end_and_its_log_line_is_logged_by_the_resume(tmp_path: Path) -> None:
+    # the store says 001 is complete, the log's last word on it is its TASK_START: the resume
+    # does not run it again, so it writes the TASK_END the kill kept, inside the crashed run
+    repo = git_repo(tmp_path / "repo")
+    inputs = {"plan": {"objective": "x", "tasks": [marker_task("001"), marker_task("002", ["001"])]}}
+    killed(child(repo, "start", "after_complete_recorded", inputs))
+    assert [e["event"] for e in events(repo) if e.get("task_seq") == "001"][-1] != "TASK_END"
+    result, tasks = resume(repo)
+    assert result.outcome == "complete", result.summary
+    assert marker_lines(repo, "001") == 1 and marker_lines(repo, "002") == 1
+    log = events(repo)
+    resumed_at = [e["seq"] for e in log if e["event"] == "RUN_START"][-1]
+    ends = [e for e in log if e["event"] == "TASK_END" and e["task_seq"] == "001"]
+    assert [(e["status"], e.get("recovered")) for e in ends] == [("complete", True)]
+    assert ends[0]["seq"] < resumed_at  # written into the run it belongs to
+    with replay(logs(repo)) as story:
+        assert story.violations == []
+        assert [a.status for a in story.attempts if a.seq == "001"] == ["complete"]
 
 
 def _rows_run(store: Store, campaign_id: str, repo: Path) -> SimpleNamespace:

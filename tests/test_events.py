@@ -378,3 +378,20 @@ def test_kill_9_while_appending_loses_at_most_the_last_line(tmp_path: Path) -> N
         if whole is not None:
             assert after[len(seqs)] == whole["seq"] == len(seqs) + 1
     assert records[-1] == resumed
+
+
+def test_unended_task_starts_are_the_last_runs_cut_attempts(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    assert ev.unended_task_starts(path) == {}
+    with ev.EventLog(path, "c") as log:
+        log.emit("RUN_START")
+        log.emit("TASK_START", task_seq="001")  # cut by the first crash, then run again
+        log.emit("RUN_START")
+        log.emit("TASK_START", task_seq="001", worker="w1")
+        log.emit("TASK_START", task_seq="002")
+        log.emit("TASK_END", task_seq="002", status="complete")
+        log.emit("TOOL_CALL", tool="x", note='"event":"TASK_END"')  # a value that quotes a marker
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"event":"TASK_END","task_seq":"001"')  # a torn last line ends nothing
+    cut = ev.unended_task_starts(path)
+    assert list(cut) == ["001"] and cut["001"]["worker"] == "w1"

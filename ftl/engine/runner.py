@@ -187,6 +187,28 @@ class Run:
         return facts
 
 
+def _end_cut_attempts(run: Any) -> None:
+    """Write, on the crashed run's behalf, the ``TASK_END`` a kill kept from its log.
+
+    A task's end is committed to the store first and logged just after (`ftl.states.execute`):
+    a kill between the two leaves a task complete (or blocked) in the store whose attempt the
+    log shows as cut. The resume does not run such a task again, so nothing else would ever
+    end that attempt in the log. Its ``TASK_END`` carries the stored status and
+    ``recovered: true``, and goes before the resume's ``RUN_START``, inside the run it belongs to.
+    Attempts still ``running`` in the store were reset to pending and stay cut: they run again.
+    """
+    cut = ev.unended_task_starts(run.log.path)
+    if not cut:
+        return
+    for row in run.store.tasks(run.campaign_id, seqs=sorted(cut)):
+        if row["status"] in ("complete", "blocked"):
+            start = cut[row["seq"]]
+            where = {key: start[key] for key in ("executor", "node") if start.get(key)}
+            run.log.emit(ev.TASK_END, state=start.get("state"), task_seq=row["seq"],
+                         worker=start.get("worker"), status=row["status"], duration_ms=None,
+                         recovered=True, **where)
+
+
 def connect(config: Config, repo: Path) -> Any:
     """The MangleCP client for ``config.server``: ftl's embedded server over stdio (default),
     ``stdio:CMD`` or an http(s) URL (`ftl.server.app.connect` documents the forms).
@@ -380,6 +402,7 @@ class Runner:
             notice = (f"this campaign started with executor {started_on}; it resumes with "
                       f"{self.config.executor.kind} (--executor chooses)"
                       if started_on != self.config.executor.kind else None)
+            _end_cut_attempts(run)
             run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
                          resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"),
                          isolation=run.isolation, **({"notice": notice} if notice else {}))
