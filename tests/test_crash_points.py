@@ -293,6 +293,7 @@ def test_a_kill_between_a_tasks_stored_end_and_its_log_line_is_logged_by_the_res
     resumed_at = [e["seq"] for e in log if e["event"] == "RUN_START"][-1]
     ends = [e for e in log if e["event"] == "TASK_END" and e["task_seq"] == "001"]
     assert [(e["status"], e.get("recovered")) for e in ends] == [("complete", True)]
+    assert isinstance(ends[0]["duration_ms"], int)  # the stored span, not the time ftl was down
     assert ends[0]["seq"] < resumed_at  # written into the run it belongs to
     with replay(logs(repo)) as story:
         assert story.violations == []

@@ -26,6 +26,7 @@ EX_TEMPFAIL), 130 cancelled.
 from __future__ import annotations
 
 import contextlib
+from datetime import datetime
 import logging
 import os
 import threading
@@ -196,6 +197,8 @@ def _end_cut_attempts(run: Any) -> None:
     end that attempt in the log. Its ``TASK_END`` carries the stored status and
     ``recovered: true``, and goes before the resume's ``RUN_START``, inside the run it belongs to.
     Attempts still ``running`` in the store were reset to pending and stay cut: they run again.
+    ``duration_ms`` is the store's running -> end span (the line's own timestamp is the
+    resume's, which would count the time ftl was down).
     """
     cut = ev.unended_task_starts(run.log.path)
     if not cut:
@@ -205,8 +208,18 @@ def _end_cut_attempts(run: Any) -> None:
             start = cut[row["seq"]]
             where = {key: start[key] for key in ("executor", "node") if start.get(key)}
             run.log.emit(ev.TASK_END, state=start.get("state"), task_seq=row["seq"],
-                         worker=start.get("worker"), status=row["status"], duration_ms=None,
+                         worker=start.get("worker"), status=row["status"],
+                         duration_ms=_span_ms(row.get("started_at"), row.get("finished_at")),
                          recovered=True, **where)
+
+
+def _span_ms(start: Any, end: Any) -> int | None:
+    """Milliseconds between two of the store's RFC 3339 timestamps; None if either is missing."""
+    try:
+        first, last = (datetime.fromisoformat(str(t).replace("Z", "+00:00")) for t in (start, end))
+    except (TypeError, ValueError):
+        return None
+    return max(0, round((last - first).total_seconds() * 1000))
 
 
 def connect(config: Config, repo: Path) -> Any:
