@@ -1,7 +1,6 @@
 """The memory room's tables in the store (`ftl.store.memory_tables`, migration 5): a store file
 written before the tables moved keeps its entries, edges, text index and counted feedback; the
-table operations run a memory rule inside their own write transaction; the store's row-level door
-(`Store.add_memory`) applies no rule of the memory room."""
+table operations run a memory rule inside their own write transaction."""
 
 from __future__ import annotations
 
@@ -14,7 +13,8 @@ import pytest
 
 from ftl.errors import FtlError
 from ftl.memory import MemoryStore
-from ftl.store import MIGRATIONS, SCHEMA_VERSION, Store
+from ftl.store import SCHEMA_VERSION, Store
+from store_files import store_file_at
 
 NOW = "2026-11-20T10:00:00.000Z"
 
@@ -76,13 +76,7 @@ OLD_ROOM_DDL = (
 
 def schema_4_file(path: Path) -> sqlite3.Connection:
     """A store file at schema version 4 (the last before the memory tables moved), still open."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    for migration in MIGRATIONS[:4]:
-        for statement in migration:
-            conn.execute(statement)
-    conn.execute("PRAGMA user_version = 4")
-    return conn
+    return store_file_at(path, 4)
 
 
 def legacy_row(conn: sqlite3.Connection, name: str, kind: str, body: dict, source: list[str]) -> None:

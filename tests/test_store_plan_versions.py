@@ -6,7 +6,6 @@ file opens, migrates and keeps its plans."""
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from hypothesis import strategies as st
 from ftl.errors import FtlError
 from ftl.models import Plan
 from ftl.plan_rows import PlanRows, lean_plan_rows
-from ftl.store import MIGRATIONS, SCHEMA_VERSION, Store
+from ftl.store import SCHEMA_VERSION, Store
+from store_files import store_file_at
 from test_store import FakeClock
 
 
@@ -168,12 +168,7 @@ def test_every_version_reads_back_as_a_store_of_whole_versions_gives_it(
 def schema_2_store(path: Path, plan: Plan) -> str:
     """A store file as ftl wrote it at schema version 2: one campaign, its plan (version 1,
     whole, marked executed) and its tasks."""
-    conn = sqlite3.connect(path, isolation_level=None)
-    conn.execute("PRAGMA journal_mode = WAL")
-    for migration in MIGRATIONS[:2]:
-        for statement in migration:
-            conn.execute(statement)
-    conn.execute("PRAGMA user_version = 2")
+    conn = store_file_at(path, 2)
     now = "2026-11-21T04:15:03.000Z"
     cid = "c-20261121-041503-abcd"
     conn.execute("INSERT INTO campaign (campaign_id, objective, flow, status, tracked, created_at, updated_at) "
