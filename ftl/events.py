@@ -89,6 +89,25 @@ def utc_at(epoch_s: float) -> str:
             .replace("+00:00", "Z"))
 
 
+def parse_ts(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp (`utc_now`'s, or the store's) as an aware datetime; None when
+    ``value`` is not one."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def ms_between(start: Any, end: Any) -> int | None:
+    """Milliseconds from the RFC 3339 timestamp ``start`` to ``end`` (None when either is not one)."""
+    a, b = parse_ts(start), parse_ts(end)
+    if a is None or b is None:
+        return None
+    return int(round((b - a).total_seconds() * 1000))
+
+
 def repair_tail(path: Path) -> int:
     """Cut a torn last line (no trailing newline) off ``path``; return the bytes removed.
 

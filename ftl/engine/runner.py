@@ -26,7 +26,6 @@ EX_TEMPFAIL), 130 cancelled.
 from __future__ import annotations
 
 import contextlib
-from datetime import datetime
 import logging
 import os
 import threading
@@ -209,17 +208,8 @@ def _end_cut_attempts(run: Any) -> None:
             where = {key: start[key] for key in ("executor", "node") if start.get(key)}
             run.log.emit(ev.TASK_END, state=start.get("state"), task_seq=row["seq"],
                          worker=start.get("worker"), status=row["status"],
-                         duration_ms=_span_ms(row.get("started_at"), row.get("finished_at")),
+                         duration_ms=ev.ms_between(row.get("started_at"), row.get("finished_at")),
                          recovered=True, **where)
-
-
-def _span_ms(start: Any, end: Any) -> int | None:
-    """Milliseconds between two of the store's RFC 3339 timestamps; None if either is missing."""
-    try:
-        first, last = (datetime.fromisoformat(str(t).replace("Z", "+00:00")) for t in (start, end))
-    except (TypeError, ValueError):
-        return None
-    return max(0, round((last - first).total_seconds() * 1000))
 
 
 def connect(config: Config, repo: Path) -> Any:

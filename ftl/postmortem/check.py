@@ -44,7 +44,7 @@ from ftl.errors import REGISTRY, Route, kind
 from ftl.postmortem.spool import task_sort_key
 from ftl.postmortem.timeline import (
     NODES_KEPT, NO_ROOTS, WARNINGS_LISTED, Failure, Replay, RunSegment, StateSpan, TaskAttempt, TaskInfo,
-    Violation, ms_between,
+    Violation,
 )
 
 RULES: dict[str, str] = {
@@ -303,7 +303,7 @@ class Checker:
         if span is None or span.end is not None:
             return
         span.end, span.trigger, span.to = ts, trigger, to
-        span.duration_ms = ms_between(span.start, ts)
+        span.duration_ms = ev.ms_between(span.start, ts)
         span.interrupted = span.interrupted or interrupted
 
     def on_state_entry(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
@@ -607,7 +607,7 @@ class Checker:
             attempt.tokens = sum(v for v in usage.values() if type(v) is int and v > 0)
             self.r.agent_tokens += attempt.tokens
         if attempt.duration_ms is None:
-            attempt.duration_ms = ms_between(attempt.start, ts)
+            attempt.duration_ms = ev.ms_between(attempt.start, ts)
         info = self.r.tasks[attempt.seq]
         info.status = "pending" if status == "cancelled" else str(status)
         if status == "blocked":
@@ -766,7 +766,7 @@ class Checker:
             self.segment.interrupted_tasks = sorted(self.running, key=_seq_key)
             if self.span is not None and self.span.end is None:
                 self.span.interrupted = True
-                self.span.duration_ms = ms_between(self.span.start, r.last_ts)
+                self.span.duration_ms = ev.ms_between(self.span.start, r.last_ts)
         elif r.outcome not in ("complete", "complete_with_blocked", "returned", "cancelled", "stopped"):
             self.violation(None, "ends_properly", f"unknown outcome {r.outcome}")
         if self.span is not None:

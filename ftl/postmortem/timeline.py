@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
-from datetime import datetime
 from itertools import islice
 from operator import attrgetter
 from typing import Any, Iterator
 
+from ftl.events import ms_between
 from ftl.postmortem.spool import Records, Spool, TaskTable
 
 WARNINGS_LISTED = 20  # items of one kind named in the warnings
@@ -371,20 +371,3 @@ def write_json(payload: Any, handle: Any, *, indent: int | None = 2) -> None:
 def node_sort_key(node: str) -> tuple[bool, bool, str]:
     """How nodes are listed: the driver first, then by id, an unknown node (``"?"``) last."""
     return (node == "?", node != "driver", node)
-
-
-def _parse_ts(value: Any) -> datetime | None:
-    if not isinstance(value, str):
-        return None
-    try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-
-
-def ms_between(start: Any, end: Any) -> int | None:
-    """Milliseconds from the RFC 3339 timestamp ``start`` to ``end`` (None when either is not one)."""
-    a, b = _parse_ts(start), _parse_ts(end)
-    if a is None or b is None:
-        return None
-    return int(round((b - a).total_seconds() * 1000))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import graphlib
 import re
-from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ftl import dag
 from ftl.config import Config
 from ftl.errors import REGISTRY, FtlError
+from ftl.events import ms_between
 from ftl.server.tools.context import ToolContext
 
 __all__ = ["CascadeArgs", "cascade_analysis", "analyze_tasks", "looks_transient", "task_durations"]
@@ -64,15 +64,8 @@ def looks_transient(reason: str | None) -> bool:
 
 
 def _seconds(start: str | None, end: str | None) -> float | None:
-    if not start or not end:
-        return None
-    try:
-        began = datetime.fromisoformat(start.replace("Z", "+00:00"))
-        ended = datetime.fromisoformat(end.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    span = (ended - began).total_seconds()
-    return span if span >= 0 else None
+    span = ms_between(start, end)
+    return span / 1000 if span is not None and span >= 0 else None
 
 
 def task_durations(tasks: list[dict[str, Any]],
