@@ -19,7 +19,8 @@ from store_files import store_file_at
 NOW = "2026-11-20T10:00:00.000Z"
 
 # The memory room's tables as ftl created them on first use, before migration 5 (ftl/memory/store.py
-# at commit 2aaf242, ``_SCHEMA``).
+# at commit 2aaf242, ``_SCHEMA``). Copied, not imported from migration 5: these are files older
+# code wrote, and must stay what they were when migration 5 changes.
 OLD_ROOM_DDL = (
     """CREATE TABLE IF NOT EXISTS memory_entry (
         id                  INTEGER PRIMARY KEY AUTOINCREMENT,
