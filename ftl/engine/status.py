@@ -9,14 +9,18 @@ from pathlib import Path
 from typing import Any
 
 from ftl import dag
+from ftl.sanitize import scrub
 
 CAMPAIGN_KEYS = ("id", "objective", "status", "flow", "machine_state", "created_at", "finished_at")
-TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by", "worker")
+TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by", "block_reason", "worker")
 
 
 def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any] | None:
     """``{"campaign": {...}, "tasks": [...], "cascade": {...}}`` or None when there is none.
 
+    Each task's ``block_reason``: why a blocked task stopped (``"<error_type>: <message>"``, as
+    the run's summary gives it; secrets scrubbed), None otherwise; ``blocked_by``: for a task
+    blocked by the cascade, the blocked tasks it depends on.
     ``campaign.cost_usd`` and each task's ``cost_usd`` / ``num_turns``: agent spend in USD and
     turns (None when no agent build reported a cost). ``campaign.isolation``: ``worktree`` or
     ``shared``; ``campaign.integration_branch``: the branch that receives the work (worktree
@@ -46,6 +50,8 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
     for row in rows:  # where a task runs matters only while it runs
         if row["status"] != "running":
             row["worker"] = None
+        if row["block_reason"]:  # written by ftl from tool errors: scrub again on the way out
+            row["block_reason"] = scrub(row["block_reason"])
     for row in rows:
         row.update(spend.get(row["seq"]) or {"cost_usd": None, "num_turns": None})
     known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]

@@ -279,6 +279,8 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
     lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}"
               + (f"  on {t['worker']}" if t.get("worker") else "")
+              + (f"  after {', '.join(t['blocked_by'])}" if t.get("blocked_by") else "")
+              + (f"  ({_one_line(t['block_reason'])})" if t.get("block_reason") else "")
               + (f"  ${t['cost_usd']:.4f} ({t['num_turns']} turns)" if t.get("cost_usd") is not None
                  else "") for t in data["tasks"]]
     if record.get("cost_usd") is not None:
@@ -288,6 +290,12 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
                      "(take it with `ftl campaign land`)")
     _emit(envelope.success(data), as_json, "\n".join(lines))
     return 0
+
+
+def _one_line(text: str, limit: int = 160) -> str:
+    """``text`` on one line of at most ``limit`` characters (a status row per task)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
 
 
 def _existing_repo(repo: Path) -> Path:

@@ -384,7 +384,7 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("campaign_status", "Campaign status", (
         "A campaign's state and tasks. data: {campaign: {id, objective, status, flow, "
         "machine_state, created_at, finished_at}, tasks: [{seq, slug, status, attempts, "
-        "blocked_by}], cascade}; {status: 'none'} when there is no campaign."),
+        "blocked_by, block_reason}], cascade}; {status: 'none'} when there is no campaign."),
         CampaignStatusArgs, _status),
     ToolSpec("ready_tasks", "Ready tasks", (
         "Tasks that can start now (pending, every dependency complete), in seq order. "
