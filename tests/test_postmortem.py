@@ -365,3 +365,17 @@ def test_two_nodes_render_grouped_in_headless_chromium(tmp_path: Path) -> None:
         assert bar["y"] >= below["y"] + below["h"], bar
         if below is headers[0]:
             assert bar["y"] + bar["h"] <= headers[1]["y"], bar
+
+
+def test_a_task_level_failure_has_no_try_number_in_the_text(tmp_path: Path) -> None:
+    """A failure the build step raises itself (e.g. out-of-scope files) is not a tool try:
+    its TOOL_FAILURE has no ``attempt``, and the text says none rather than ``attempt None``."""
+    log = tmp_path / "no-try.jsonl"
+    lines = DRILL.read_text().splitlines()
+    failure = json.loads(lines[40])
+    assert failure["event"] == "TOOL_FAILURE"
+    del failure["attempt"]
+    log.write_text("\n".join([*lines[:40], json.dumps(failure), *lines[41:]]) + "\n")
+    with replay([log]) as result:
+        text = render_text(result)
+    assert "shell_builder: dependency_missing" in text and "attempt None" not in text

@@ -90,7 +90,8 @@ def _text_body(r: Replay) -> Iterator[str]:
         yield "failures:"
         for f in r.failures:
             where = f"task {f.task_seq} " if f.task_seq else ""
-            yield (f"  seq {f.seq} {f.state} {where}{f.tool} attempt {f.attempt}: {f.error_type} "
+            tried = f" attempt {f.attempt}" if f.attempt is not None else ""  # a task-level failure
+            yield (f"  seq {f.seq} {f.state} {where}{f.tool}{tried}: {f.error_type} "
                    f"[{f.klass or 'unclassified'}] -> {f.decision or '-'}"
                    + (f", {f.outcome}" if f.outcome else ""))
     if r.retries:
