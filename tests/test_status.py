@@ -1,13 +1,20 @@
-"""`ftl campaign status` says why a task is blocked: the stored reason, or the tasks it waits on."""
+"""`ftl campaign status` says why a task is blocked, and whether a process is driving the campaign
+(an active one that nobody runs was interrupted: resume it)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
+from ftl.engine.run_lock import LOCK_FILE, RunLock, holder
 from ftl.engine.status import campaign_status
+from ftl.errors import FtlError
 from ftl.models import Plan
 from ftl.store import Store
 from ftl.surfaces.cli import main
@@ -52,3 +59,76 @@ def test_the_status_text_puts_the_reason_on_the_tasks_own_line(tmp_path: Path) -
     data = json.loads(CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path),
                                                 "--json"]).output)["data"]
     assert [t["block_reason"] is not None for t in data["tasks"]] == [False, True, True]
+
+
+def _hold_lock(path: Path) -> subprocess.Popen:
+    """A process that holds the run lock at ``path`` (as a running campaign does) until killed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    holder_code = ("import fcntl, os, sys; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+                   "fcntl.flock(fd, fcntl.LOCK_EX); os.pwrite(fd, b'%d\\n' % os.getpid(), 0); "
+                   "print('held', flush=True); sys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", holder_code, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_the_lock_holder_is_read_from_the_kernel_without_taking_the_lock(tmp_path: Path) -> None:
+    lock = tmp_path / ".ftl" / LOCK_FILE
+    assert holder(lock) is None  # no file
+    proc = _hold_lock(lock)
+    try:
+        assert holder(lock) == proc.pid
+        other = RunLock(lock)  # a run starting now still finds the lock held by the first
+        with pytest.raises(FtlError) as raised:
+            other.acquire(lambda: "c-1")
+        assert raised.value.error_type == "conflict" and str(proc.pid) in raised.value.message
+    finally:
+        proc.kill()
+        proc.wait()
+    assert holder(lock) is None  # the kernel dropped it with the process (kill -9 included)
+
+
+def test_the_lock_table_parse_skips_waiters_and_other_files(tmp_path: Path) -> None:
+    lock = tmp_path / LOCK_FILE
+    lock.write_text("")
+    stat = os.stat(lock)
+    device = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
+    table = tmp_path / "locks"
+    table.write_text(f"1: POSIX  ADVISORY  WRITE 11 {device} 0 EOF\n"
+                     f"2: FLOCK  ADVISORY  WRITE 12 {device}9 0 EOF\n"
+                     f"3: -> FLOCK  ADVISORY  WRITE 13 {device} 0 EOF\n")
+    assert holder(lock, locks=table) is None
+    table.write_text(table.read_text() + f"4: FLOCK  ADVISORY  WRITE 14 {device} 0 EOF\n")
+    assert holder(lock, locks=table) == 14
+    # No lock table (not Linux): the pid the holder wrote, if that process is alive.
+    lock.write_text(f"{os.getpid()}\n")
+    assert holder(lock, locks=tmp_path / "none") == os.getpid()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    lock.write_text(f"{dead}\n")
+    assert holder(lock, locks=tmp_path / "none") is None
+
+
+def test_an_active_campaign_nobody_runs_reads_as_interrupted(tmp_path: Path) -> None:
+    plan = Plan.model_validate({"objective": "ship it", "tasks": [
+        {"seq": "001", "slug": "parser", "verify": "true", "depends": []}]})
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("ship it", plan=plan)["campaign_id"]
+        store.add_tasks(cid, plan)
+        store.transition_task(cid, "001", "running", worker="w2")
+    lock = tmp_path / ".ftl" / LOCK_FILE
+    proc = _hold_lock(lock)
+    try:
+        driven = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path), "--json"])
+        assert json.loads(driven.output)["data"]["campaign"]["run_pid"] == proc.pid
+        text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
+        assert "interrupted" not in text
+    finally:
+        proc.kill()
+        proc.wait()
+    data = campaign_status(tmp_path)
+    assert data["campaign"]["status"] == "active" and data["campaign"]["run_pid"] is None
+    text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
+    assert "[active, interrupted]" in text and "continue with `ftl campaign resume`" in text
+    assert "001 parser" in text and "interrupted (was running on w2)" in text

@@ -12,7 +12,8 @@ still written, the log and the tool server are closed, and the error is raised t
 
 One process drives a repository's campaign at a time: `Runner.start` and `Runner.resume` hold
 an exclusive ``flock`` on ``.ftl/run.lock`` for the whole drive (a second process gets
-``conflict`` naming the holder's pid). The lock dies with its process, so ``kill -9`` frees it.
+``conflict`` naming the holder's pid; `ftl.engine.run_lock`). The lock dies with its process,
+so ``kill -9`` frees it.
 
 A lost executor (the Ray cluster went away) is not the campaign's error either: the state that
 finds it raises `RunStopped`, and the run ends ``stopped`` (resumable) with its tasks back to
@@ -33,17 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-try:  # POSIX; elsewhere runs are not locked against a second process (a warning per drive)
-    import fcntl
-except ImportError:  # pragma: no cover - not Linux/macOS
-    fcntl = None  # type: ignore[assignment]
-
 from ftl import events as ev
 from ftl.config import Config
 from ftl.errors import FtlError, Route
 from ftl.executors.agent_limits import AgentLimits
 from ftl.engine.machine import CampaignMachine, Flow, State, Tracked
 from ftl.models import Plan
+from ftl.engine.run_lock import LOCK_FILE, RunLock
 from ftl.engine.recovery import RecoveryProtocol, RetryPolicy, classify_exception
 from ftl.store import Store
 from ftl.engine.tools import ToolClient
@@ -54,7 +51,6 @@ EXIT_OK, EXIT_BLOCKED, EXIT_RETURNED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 3, 4, 
 EXIT_STOPPED = 1  # an error outside any state stopped the run (the CLI's internal-error code)
 EXIT_UNAVAILABLE = 75  # the executor was lost; resume later (sysexits.h EX_TEMPFAIL)
 MAX_ERROR_ENTRIES = 5
-LOCK_FILE = "run.lock"
 #: Key in the stored tracked variables: a re-plan was merged and EXECUTE has not started on it
 #: yet (written with the merge, in one transaction; see ``states/cascade.py``).
 REPLAN_MERGED = "replan_merged"
@@ -451,7 +447,7 @@ class Runner:
     @contextlib.contextmanager
     def _driving(self, campaign_id: str | None) -> Iterator[None]:
         """Hold the repository's run lock and route internals to ``.ftl/ftl.log`` for one drive."""
-        lock = _RunLock(self.repo / ".ftl" / LOCK_FILE)
+        lock = RunLock(self.repo / ".ftl" / LOCK_FILE)
         lock.acquire(lambda: self._holder_campaign(campaign_id))
         try:
             with _server_log(self.repo):
@@ -738,45 +734,6 @@ def _error_record(error: FtlError | None) -> dict[str, Any] | None:
     if error is None:
         return None
     return {"error_type": error.error_type, "details": error.safe_details()}
-
-
-class _RunLock:
-    """An exclusive, non-blocking ``flock`` on ``path`` holding the owner's pid.
-
-    flock (not a pid file alone) because the kernel drops it when the process dies, ``kill -9``
-    included, so a crashed run never leaves a stale lock behind.
-    """
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self, campaign: Callable[[], str]) -> None:
-        """Take the lock or raise FtlError(conflict) naming ``campaign()`` and the holder's pid."""
-        if fcntl is None:  # pragma: no cover - not POSIX
-            _LOG.warning("no flock on this platform: runs are not locked against each other")
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # EWOULDBLOCK: held by another open file (another process or Runner)
-            try:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise FtlError("conflict", {"what": f"campaign {campaign()} is being run by another ftl "
-                                                f"process (pid {holder})"}) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, 0)
-            os.close(fd)  # closing the last descriptor drops the flock
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ftl import dag
+from ftl.engine.run_lock import LOCK_FILE, holder
 from ftl.sanitize import scrub
 
 CAMPAIGN_KEYS = ("id", "objective", "status", "flow", "machine_state", "created_at", "finished_at")
@@ -18,6 +19,10 @@ TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by", "block_reason", 
 def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any] | None:
     """``{"campaign": {...}, "tasks": [...], "cascade": {...}}`` or None when there is none.
 
+    ``campaign.run_pid``: the pid of the ftl process driving the repository now (0: one in
+    another pid namespace), None when none is (`ftl.engine.run_lock.holder`, read without
+    taking the lock). An ``active`` campaign with no run pid was interrupted (a crash, a kill, a
+    Ctrl-C): ``ftl campaign resume`` continues it, and its ``running`` tasks will re-run.
     Each task's ``block_reason``: why a blocked task stopped (``"<error_type>: <message>"``, as
     the run's summary gives it; secrets scrubbed), None otherwise; ``blocked_by``: for a task
     blocked by the cascade, the blocked tasks it depends on.
@@ -56,6 +61,7 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
         row.update(spend.get(row["seq"]) or {"cost_usd": None, "num_turns": None})
     known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]
     campaign = {key: record.get(key) for key in CAMPAIGN_KEYS}
+    campaign["run_pid"] = holder(repo / ".ftl" / LOCK_FILE)
     campaign["cost_usd"] = round(sum(known), 6) if known else None
     # Where the campaign's work goes: named from the stored decision, no git call (light command).
     campaign["isolation"] = (record.get("inputs") or {}).get("isolation") or "shared"

@@ -276,9 +276,13 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
         _emit(envelope.success({"status": "none"}), as_json, "no campaign in this repository")
         return 0
     record = data["campaign"]
-    lines = [f"{record['id']} [{record['status']}] state={record.get('machine_state')}: {record['objective']}"]
-    lines += [f"  {t['seq']} {t['slug']:<28} {t['status']}"
-              + (f"  on {t['worker']}" if t.get("worker") else "")
+    interrupted = record["status"] == "active" and record.get("run_pid") is None
+    state = "active, interrupted" if interrupted else record["status"]
+    lines = [f"{record['id']} [{state}] state={record.get('machine_state')}: {record['objective']}"]
+    lines += [f"  {t['seq']} {t['slug']:<28} "
+              + (f"interrupted (was running on {t['worker']})"
+                 if interrupted and t["status"] == "running" else t["status"])
+              + (f"  on {t['worker']}" if t.get("worker") and not interrupted else "")
               + (f"  after {', '.join(t['blocked_by'])}" if t.get("blocked_by") else "")
               + (f"  ({_one_line(t['block_reason'])})" if t.get("block_reason") else "")
               + (f"  ${t['cost_usd']:.4f} ({t['num_turns']} turns)" if t.get("cost_usd") is not None
@@ -288,6 +292,8 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     if record.get("integration_branch"):
         lines.append(f"  work on branch {record['integration_branch']} "
                      "(take it with `ftl campaign land`)")
+    if interrupted:
+        lines.append("  no ftl process is running it: continue with `ftl campaign resume`")
     _emit(envelope.success(data), as_json, "\n".join(lines))
     return 0
 
