@@ -132,3 +132,18 @@ def test_an_active_campaign_nobody_runs_reads_as_interrupted(tmp_path: Path) -> 
     text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
     assert "[active, interrupted]" in text and "continue with `ftl campaign resume`" in text
     assert "001 parser" in text and "interrupted (was running on w2)" in text
+
+
+def test_a_long_reason_keeps_its_start_and_the_error_at_its_end(tmp_path: Path) -> None:
+    plan = Plan.model_validate({"objective": "ship it", "tasks": [
+        {"seq": "001", "slug": "parser", "verify": "true", "depends": []}]})
+    output = "\n".join(f"  frame {n}" for n in range(40)) + "\nModuleNotFoundError: No module named 'yaml'"
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("ship it", plan=plan)["campaign_id"]
+        store.add_tasks(cid, plan)
+        store.transition_task(cid, "001", "running", worker="w1")
+        store.transition_task(cid, "001", "blocked", reason=f"dependency_missing: missing\n{output}")
+    text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
+    row = next(line for line in text.splitlines() if line.startswith("  001"))
+    assert "(dependency_missing: missing frame 0" in row and "No module named 'yaml')" in row
+    assert " ... " in row and len(row) < 240

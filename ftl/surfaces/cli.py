@@ -299,9 +299,13 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
 
 
 def _one_line(text: str, limit: int = 160) -> str:
-    """``text`` on one line of at most ``limit`` characters (a status row per task)."""
+    """``text`` on one line of at most ``limit`` characters (a status row per task): its start
+    (the error type and message) and its end (a command's output ends with the error)."""
     flat = " ".join(text.split())
-    return flat if len(flat) <= limit else flat[:limit - 3] + "..."
+    if len(flat) <= limit:
+        return flat
+    head = limit * 9 // 16
+    return f"{flat[:head]} ... {flat[-(limit - head - 5):]}"
 
 
 def _existing_repo(repo: Path) -> Path:
