@@ -91,13 +91,14 @@ def utc_at(epoch_s: float) -> str:
 
 def parse_ts(value: Any) -> datetime | None:
     """An RFC 3339 timestamp (`utc_now`'s, or the store's) as an aware datetime; None when
-    ``value`` is not one."""
+    ``value`` is not one (a time without its offset is not: it could be any zone's)."""
     if not isinstance(value, str):
         return None
     try:
-        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return parsed if parsed.tzinfo is not None else None
 
 
 def ms_between(start: Any, end: Any) -> int | None:
@@ -208,12 +209,14 @@ def _parse(raw: bytes, number: int, report: ReadReport, *, last: bool) -> dict[s
         return None
 
 
-_TASK_MARKERS = (b'"event":"RUN_START"', b'"event":"TASK_START"', b'"event":"TASK_END"')
+_TASK_MARKERS = (b'"event":"RUN_START"', b'"event":"RUN_END"', b'"event":"TASK_START"',
+                 b'"event":"TASK_END"')
 
 
 def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
     """The ``TASK_START`` events of the log's last run that no ``TASK_END`` follows, by task
-    seq: the attempts a crash cut. ``{}`` when the file is absent.
+    seq: the attempts a crash cut. ``{}`` when the file is absent, or when the last run wrote
+    its ``RUN_END`` (a run that ended, a Ctrl-C included, settled its attempts itself).
 
     Only the lines of those three events are parsed (the writer's compact, key-sorted JSON names
     them verbatim; inside a string value the quotes would be escaped), so a long log costs a
@@ -230,8 +233,10 @@ def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
                 event = json.loads(raw)
             except ValueError:
                 continue
+            if not isinstance(event, dict):
+                continue
             kind, seq = event.get("event"), event.get("task_seq")
-            if kind == RUN_START:
+            if kind in (RUN_START, RUN_END):
                 found.clear()
             elif kind == TASK_START and seq is not None:
                 found[str(seq)] = event

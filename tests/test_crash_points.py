@@ -25,7 +25,7 @@ import pytest
 from ftl.engine import runner as runner_module
 from ftl.config import Config
 from ftl.errors import FtlError
-from ftl.events import read_events
+from ftl.events import ms_between, parse_ts, read_events, utc_at
 from ftl.engine.machine import Flow, State
 from ftl.manglecp.client import MAX_RETRIES, ManglecpClient
 from ftl.manglecp.transport import InProcessTransport
@@ -298,6 +298,20 @@ def test_a_kill_between_a_tasks_stored_end_and_its_log_line_is_logged_by_the_res
     with replay(logs(repo)) as story:
         assert story.violations == []
         assert [a.status for a in story.attempts if a.seq == "001"] == ["complete"]
+    # Resumed an hour later: what the resume wrote for the crashed run is stamped then, but the
+    # crashed run's last state and the recovered attempt still end when that run was last alive.
+    (path,) = logs(repo)
+    first = next(e["seq"] for e in log if e["event"] == "LOG_REPAIRED" or e.get("recovered"))
+    later = [{**e, "ts": utc_at(parse_ts(e["ts"]).timestamp() + 3600)} if e["seq"] >= first else e
+             for e in log]
+    path.write_text("".join(json.dumps(e, sort_keys=True, separators=(",", ":")) + "\n" for e in later))
+    with replay([path]) as story:
+        assert story.violations == []
+        crashed = [span for span in story.states if span.run == story.runs[0].index]
+        assert crashed[-1].interrupted and crashed[-1].duration_ms < 60_000
+        assert story.runs[0].last_ts < later[first]["ts"]
+        (done,) = [a for a in story.attempts if a.seq == "001"]
+        assert abs(ms_between(done.start, done.end) - ends[0]["duration_ms"]) <= 1
 
 
 def _rows_run(store: Store, campaign_id: str, repo: Path) -> SimpleNamespace:
@@ -692,3 +706,38 @@ def test_task_flow_blocks_the_dependents_of_a_blocked_task(tmp_path: Path) -> No
     propagate = next(e for e in events(repo) if e["event"] == "CASCADE_PROPAGATE")
     assert propagate["state"] == "BUILD"
     assert replay(logs(repo)).violations == []
+
+
+def test_a_ctrl_c_between_a_tasks_stored_end_and_its_log_line_still_logs_it(tmp_path: Path,
+                                                                              monkeypatch) -> None:
+    # The Ctrl-C lands in on_finish after the store recorded 001 complete: the scheduler's
+    # drain repeats the report, which must still write 001's TASK_END before the RUN_END (a
+    # repeat that stopped at "already stored" left the attempt without an end, and the resume
+    # then wrote one after the RUN_END: a task ended without a start, to the postmortem).
+    from ftl.events import EventLog
+
+    repo = git_repo(tmp_path / "repo")
+    emit = EventLog.emit
+    interrupted: list[str] = []
+
+    def cut_once(self, event: str, **fields: Any):
+        if event == "TASK_END" and fields.get("task_seq") == "001" and not interrupted:
+            interrupted.append("001")
+            raise KeyboardInterrupt
+        return emit(self, event, **fields)
+
+    monkeypatch.setattr(EventLog, "emit", cut_once)
+    plan = {"objective": "x", "tasks": [marker_task("001"), marker_task("002", ["001"])]}
+    result, _ = start(repo, plan)
+    assert result.outcome == "cancelled" and interrupted == ["001"]
+    log = events(repo)
+    kinds = [(e["event"], e.get("task_seq")) for e in log]
+    assert ("TASK_END", "001") in kinds and kinds.index(("TASK_END", "001")) < kinds.index(("RUN_END", None))
+    monkeypatch.setattr(EventLog, "emit", emit)
+    result, tasks = resume(repo)
+    assert result.outcome == "complete", result.summary
+    assert marker_lines(repo, "001") == 1  # stored complete: never built again
+    ends = [e for e in events(repo) if e["event"] == "TASK_END" and e["task_seq"] == "001"]
+    assert [(e["status"], e.get("recovered")) for e in ends] == [("complete", None)]
+    with replay(logs(repo)) as story:
+        assert story.violations == []

@@ -395,3 +395,22 @@ def test_unended_task_starts_are_the_last_runs_cut_attempts(tmp_path: Path) -> N
         handle.write('{"event":"TASK_END","task_seq":"001"')  # a torn last line ends nothing
     cut = ev.unended_task_starts(path)
     assert list(cut) == ["001"] and cut["001"]["worker"] == "w1"
+
+
+def test_a_run_that_wrote_its_end_cut_nothing_and_odd_lines_are_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    with ev.EventLog(path, "c") as log:
+        log.emit("RUN_START")
+        log.emit("TASK_START", task_seq="001")
+    with open(path, "a", encoding="utf-8") as handle:  # valid JSON, not an event: skipped
+        handle.write('[{"event":"TASK_END","task_seq":"001"}]\n"event":"TASK_START"\n')
+    assert list(ev.unended_task_starts(path)) == ["001"]
+    with ev.EventLog(path, "c") as log:
+        log.emit("RUN_END", outcome="cancelled")  # a Ctrl-C: the run settled its attempts itself
+    assert ev.unended_task_starts(path) == {}
+
+
+def test_a_timestamp_without_its_offset_is_not_read_as_one() -> None:
+    assert ev.parse_ts("2026-01-01T00:00:01") is None
+    assert ev.ms_between("2026-01-01T00:00:01", "2026-01-01T00:00:02Z") is None
+    assert ev.ms_between("2026-01-01T00:00:01Z", "2026-01-01T00:00:02.5+00:00") == 1500

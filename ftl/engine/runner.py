@@ -391,6 +391,7 @@ class Runner:
                 if campaign.get("error"):
                     run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
                 reset = self.store.reset_running(run.campaign_id)
+                _end_cut_attempts(run)
             except BaseException:  # not driving yet: close what _make_run opened
                 run.log.close()
                 _close(run.tools.client)
@@ -401,7 +402,6 @@ class Runner:
             notice = (f"this campaign started with executor {started_on}; it resumes with "
                       f"{self.config.executor.kind} (--executor chooses)"
                       if started_on != self.config.executor.kind else None)
-            _end_cut_attempts(run)
             run.log.emit(ev.RUN_START, state=None, mode=run.flow.value, objective=run.objective,
                          resume=True, pid=os.getpid(), config=self.config.model_dump(mode="json"),
                          isolation=run.isolation, **({"notice": notice} if notice else {}))

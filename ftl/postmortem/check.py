@@ -217,7 +217,11 @@ class Checker:
         handler = self.handlers.get(name)
         if handler is not None:
             handler(e, seq, ts)
-        self.prev_seq, self.prev_ts = seq, ts
+        self.prev_seq = seq
+        # What a resume writes on the crashed run's behalf (the repaired tail, a recovered
+        # TASK_END) is stamped at the resume: that is not when the crashed run was last alive.
+        if name != ev.LOG_REPAIRED and e.get("recovered") is not True:
+            self.prev_ts = ts
 
     def _campaign(self, campaign: Any) -> None:
         r = self.r
@@ -588,7 +592,14 @@ class Checker:
         if pending is not None:
             self.violation(seq, "classify_before_act",
                            f"task {task} ended before failure {pending.seq} was classified")
-        attempt.end, attempt.end_seq, attempt.status = ts, seq, status
+        end = ts
+        if e.get("recovered") is True:  # written by the resume: the stored span says when it ended
+            begun, took = ev.parse_ts(attempt.start), _i(e.get("duration_ms"))
+            if begun is not None and took is not None and took >= 0:
+                end = ev.utc_at(begun.timestamp() + took / 1000)
+                if self.prev_ts is None or end > self.prev_ts:
+                    self.prev_ts = end  # the crashed run was alive at least until then
+        attempt.end, attempt.end_seq, attempt.status = end, seq, status
         # Where it ran, when the start could not say (a Ray task's node is known once it ran).
         if attempt.worker is None:
             attempt.worker = _t(e.get("worker"))

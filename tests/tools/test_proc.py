@@ -236,6 +236,25 @@ def test_the_latest_pid_comes_from_loadavg_as_ns_last_pid_gives_it():
     pytest.fail("pids were allocated between every pair of reads (a very busy machine)")
 
 
+def test_a_placeholder_proc_and_a_refused_getpgid_fall_back_to_reading_every_member(tmp_path, monkeypatch):
+    # gVisor's /proc/loadavg ends in a fixed 0 and a security module may refuse getpgid: neither
+    # may narrow the scan so that a member of the group is missed and left running.
+    from ftl.server.tools import proc
+
+    real_counters = proc._counters
+    before = proc.pid_counters()  # just now: few pids allocated since, a window is possible
+    monkeypatch.setattr(proc, "_counters", lambda: (lambda c: c and (c[0], c[1], 0))(real_counters()))
+    assert proc._window(os.getpid(), before) == (None, None)
+
+    def refused(pid):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(proc.os, "getpgid", refused)
+    result = run_command("sleep 60 >/dev/null 2>&1 & echo $! > bg.pid", cwd=tmp_path, timeout_s=10)
+    assert result.ok
+    assert wait_dead(int((tmp_path / "bg.pid").read_text()))  # found through /proc, and stopped
+
+
 def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path):
     from ftl.server.tools import proc
 

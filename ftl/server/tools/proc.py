@@ -212,6 +212,8 @@ def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], 
     if now is None or limit is None:
         return None, None
     last_pid = now[2]
+    if last_pid < 1:  # a /proc that fills in placeholders (gVisor's reads 0): no window
+        return None, None
     window = pid_window(pgid, before, now[0], last_pid, limit)
     span = (range(pgid, last_pid + 1) if window is not None and pgid <= last_pid < pgid + _SPAN_PROBE
             else None)
@@ -241,8 +243,10 @@ def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int
         try:  # one syscall (~1 us) rules out most pids before a /proc read (~30 us)
             if os.getpgid(pid) != pgid:
                 continue
-        except OSError:  # gone
+        except ProcessLookupError:  # gone
             continue
+        except OSError:  # refused (a security module): let /proc say
+            pass
         found = pid_stat(pid)  # None: gone, a zombie, or unreadable
         if found is not None and found[0] == pgid:
             members.append(pid)
