@@ -215,6 +215,31 @@ def test_a_rule_that_fails_inside_a_write_leaves_the_rows_as_they_were(tmp_path:
         assert store.count_memory_feedback("nope", "failure", True, broken) is False
 
 
+def test_a_feedback_batch_and_its_once_mark_are_one_write(tmp_path: Path) -> None:
+    # A failure part-way through (here the rule's own bug on the second entry; a kill in real
+    # life) keeps neither the mark nor the first count, so the batch is counted again, whole.
+    calls: list[dict] = []
+
+    def second_fails(counters: dict) -> float:
+        calls.append(counters)
+        if len(calls) == 2:
+            raise ValueError("the rule's own bug")
+        return 0.75
+
+    with Store(tmp_path / "ftl.db") as store:
+        store.add_memory_entry(row("a", "a text"))
+        store.add_memory_entry(row("b", "b text"))
+        counts = [("a", "failure", True), ("b", "failure", False), ("gone", "failure", True)]
+        with pytest.raises(ValueError):
+            store.count_memory_feedback_batch(counts, second_fails, once_key="c-1/001-a/1")
+        assert store.memory_entry("a", "failure")["times_helped"] == 0
+        assert store.count_memory_feedback_batch(counts, lambda c: 0.75,
+                                                 once_key="c-1/001-a/1") == [True, True, False]
+        assert store.count_memory_feedback_batch(counts, lambda c: 0.75, once_key="c-1/001-a/1") is None
+        a, b = store.memory_entry("a", "failure"), store.memory_entry("b", "failure")
+        assert (a["times_helped"], b["times_failed"], a["importance"]) == (1, 1, 0.75)
+
+
 def test_prune_deletes_the_named_entries_of_each_type_and_their_edges(tmp_path: Path) -> None:
     with Store(tmp_path / "ftl.db") as store:
         for name in ("a", "b", "c"):

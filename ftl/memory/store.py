@@ -279,11 +279,8 @@ class MemoryStore:
 
         Raises: FtlError(schema_invalid) for a type other than failure or pattern.
         """
-        def importance(counters: dict[str, Any]) -> float:
-            return scoring.feedback_importance(counters["cost"], counters["times_helped"],
-                                               counters["times_failed"], counters["access_count"])
-
-        counted = self._store.count_memory_feedback(name, _check_type(entry_type), helped, importance)
+        counted = self._store.count_memory_feedback(name, _check_type(entry_type), helped,
+                                                    _feedback_importance)
         return "updated" if counted else "not_found"
 
     def feedback_batch(self, utilized: list[dict], injected: list[dict], *,
@@ -309,11 +306,11 @@ class MemoryStore:
 
         used, shown = pairs(utilized, "utilized"), pairs(injected, "injected")
         result = {"helped": 0, "not_helped": 0}
-        if once_key is not None and not self._store.mark_memory_feedback_seen(once_key):
-            return result
-        for name, entry_type in sorted(shown):
-            helped = (name, entry_type) in used
-            if self.feedback(name, entry_type, helped) == "updated":
+        counts = [(name, entry_type, (name, entry_type) in used) for name, entry_type in sorted(shown)]
+        counted = self._store.count_memory_feedback_batch(counts, _feedback_importance,
+                                                          once_key=once_key)
+        for (_, _, helped), updated in zip(counts, counted or []):
+            if updated:
                 result["helped" if helped else "not_helped"] += 1
         return result
 
@@ -470,3 +467,9 @@ class MemoryStore:
         with_feedback = [name for name, helped, failed in rows if helped > 0 or failed > 0]
         return {"total": len(rows), "with_feedback": with_feedback,
                 "helped": sum(r[1] for r in rows), "failed": sum(r[2] for r in rows)}
+
+
+def _feedback_importance(counters: dict[str, Any]) -> float:
+    """An entry's importance after a feedback count (`scoring.feedback_importance`)."""
+    return scoring.feedback_importance(counters["cost"], counters["times_helped"],
+                                       counters["times_failed"], counters["access_count"])

@@ -236,24 +236,23 @@ class MemoryTablesMixin:
         """Count one injection of the entry as helpful or not, then store
         ``importance(counters)``, ``counters`` being ``{cost, times_helped, times_failed,
         access_count}`` after the count; one write transaction. Returns False for an unknown entry."""
-        column = "times_helped" if helped else "times_failed"
         with self._session(write=True) as conn:
-            row = conn.execute("SELECT id FROM memory_entry WHERE name = ? AND type = ?",
-                               (name, entry_type)).fetchone()
-            if row is None:
-                return False
-            conn.execute(f"UPDATE memory_entry SET {column} = {column} + 1 WHERE id = ?", (row[0],))
-            counters = conn.execute("SELECT cost, times_helped, times_failed, access_count FROM memory_entry "
-                                    "WHERE id = ?", (row[0],)).fetchone()
-            conn.execute("UPDATE memory_entry SET importance = ? WHERE id = ?",
-                         (importance(dict(counters)), row[0]))
-        return True
+            return _count_feedback(conn, name, entry_type, helped, importance)
 
-    def mark_memory_feedback_seen(self, key: str) -> bool:
-        """Remember that the feedback under ``key`` was counted; False when it already was."""
+    def count_memory_feedback_batch(self, counts: list[tuple[str, str, bool]],
+                                    importance: Callable[[dict[str, Any]], float], *,
+                                    once_key: str | None = None) -> list[bool] | None:
+        """`count_memory_feedback` for each ``(name, entry_type, helped)`` of ``counts``, and the
+        mark that the batch under ``once_key`` was counted, all in one write transaction: a
+        crash cannot keep the mark and lose the counts. Returns each count's result, or None
+        when ``once_key`` was already counted (nothing is counted again)."""
         with self._session(write=True) as conn:
-            return conn.execute("INSERT OR IGNORE INTO memory_feedback_seen (key, created_at) VALUES (?, ?)",
-                                (key, self._now())).rowcount == 1
+            if once_key is not None and conn.execute(
+                    "INSERT OR IGNORE INTO memory_feedback_seen (key, created_at) VALUES (?, ?)",
+                    (once_key, self._now())).rowcount != 1:
+                return None
+            return [_count_feedback(conn, name, entry_type, helped, importance)
+                    for name, entry_type, helped in counts]
 
     def prune_memory(self, doomed: Callable[[str, list[dict[str, Any]]], Iterable[int]]) -> dict[str, Any]:
         """Delete the entries ``doomed(entry_type, rows)`` names, per type, with their edges, in
@@ -333,3 +332,19 @@ class MemoryTablesMixin:
             conn.executemany("UPDATE memory_entry SET cross_relationships = ? WHERE id = ?",
                              [(json.dumps(fcross), fid), (json.dumps(pcross), pid)])
         return "added"
+
+
+def _count_feedback(conn: Any, name: str, entry_type: str, helped: bool,
+                    importance: Callable[[dict[str, Any]], float]) -> bool:
+    """One feedback count inside the caller's write transaction (`count_memory_feedback`)."""
+    column = "times_helped" if helped else "times_failed"
+    row = conn.execute("SELECT id FROM memory_entry WHERE name = ? AND type = ?",
+                       (name, entry_type)).fetchone()
+    if row is None:
+        return False
+    conn.execute(f"UPDATE memory_entry SET {column} = {column} + 1 WHERE id = ?", (row[0],))
+    counters = conn.execute("SELECT cost, times_helped, times_failed, access_count FROM memory_entry "
+                            "WHERE id = ?", (row[0],)).fetchone()
+    conn.execute("UPDATE memory_entry SET importance = ? WHERE id = ?",
+                 (importance(dict(counters)), row[0]))
+    return True
