@@ -626,9 +626,18 @@ def _task_kind_facts(run: Run, task: Any) -> list[dict[str, Any]]:
 
 def _build_once(run: Run, facts: list, builder: str, spec: dict, seq: str,
                 cancel: threading.Event, exclude_paths: list[str]) -> dict[str, Any]:
-    result = run.tools.call(BUILD_INTENT, facts, builder,
-                            {"workspace": spec, "exclude_paths": exclude_paths},
-                            state=run.machine_state, seq=seq, cancel=cancel)
+    try:
+        result = run.tools.call(BUILD_INTENT, facts, builder,
+                                {"workspace": spec, "exclude_paths": exclude_paths},
+                                state=run.machine_state, seq=seq, cancel=cancel)
+    except FtlError as error:
+        if error.error_type == "tool_not_exposed" and builder == "agent_builder":
+            # The usual cause: a task without a run command, and no agent to build it.
+            raise FtlError("tool_not_exposed", error.details, message=(
+                f"Task {seq} has no run command, and the server offers no agent builder: give the "
+                "task a run command, or configure an agent (agent_command in ftl.toml, or "
+                'builder = "claude" for Claude Code).')) from None
+        raise
     if result.get("status") != "complete":
         raise classify_command(result, what="build", seq=seq)
     return result

@@ -188,6 +188,15 @@ def test_task_flow_builds_and_verifies(tmp_path: Path) -> None:
     assert states == ["INIT", "EXPLORE", "PLAN", "BUILD", "OBSERVE", "COMPLETE"]
 
 
+def test_a_task_without_a_run_command_and_no_agent_says_how_to_build_it(tmp_path: Path) -> None:
+    repo = git_repo(tmp_path / "repo")
+    proc = ftl("task", "make it so", "--verify", "true", "--repo", str(repo), "--json")
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    (task,) = json.loads(proc.stdout)["data"]["summary"]["tasks"]
+    assert task["block_reason"].startswith("tool_not_exposed: Task 001 has no run command")
+    assert "agent_command" in task["block_reason"] and 'builder = "claude"' in task["block_reason"]
+
+
 def test_invalid_plan_is_bad_input_with_every_violation(tmp_path: Path) -> None:
     repo = git_repo(tmp_path / "repo")
     plan = tmp_path / "bad.json"

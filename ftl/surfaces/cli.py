@@ -298,7 +298,7 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
     return 0
 
 
-def _one_line(text: str, limit: int = 160) -> str:
+def _one_line(text: str, limit: int = 240) -> str:
     """``text`` on one line of at most ``limit`` characters (a status row per task): its start
     (the error type and message) and its end (a command's output ends with the error)."""
     flat = " ".join(text.split())
