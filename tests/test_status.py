@@ -147,3 +147,15 @@ def test_a_long_reason_keeps_its_start_and_the_error_at_its_end(tmp_path: Path) 
     row = next(line for line in text.splitlines() if line.startswith("  001"))
     assert "(dependency_missing: missing frame 0" in row and "No module named 'yaml')" in row
     assert " ... " in row and len(row) < 320  # the seq, slug and status, then 240 of the reason
+
+
+def test_a_returned_campaign_says_why_and_offers_no_empty_branch(tmp_path: Path) -> None:
+    message = "Returned from ERROR (dependency_missing): A required dependency is missing: a plan."
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("add a pow function", inputs={"isolation": "worktree"})["campaign_id"]
+        store.finish_campaign(cid, "returned", {"message": message, "tasks": []})
+    data = campaign_status(tmp_path)["campaign"]
+    assert data["status"] == "returned" and data["message"] == message
+    text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
+    assert f"  {message}" in text.splitlines()
+    assert "work on branch" not in text  # nothing was integrated: nothing to land

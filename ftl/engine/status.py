@@ -19,6 +19,8 @@ TASK_KEYS = ("seq", "slug", "status", "attempts", "blocked_by", "block_reason", 
 def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any] | None:
     """``{"campaign": {...}, "tasks": [...], "cascade": {...}}`` or None when there is none.
 
+    ``campaign.message``: how a finished run ended, as its summary says (e.g. "Returned from
+    ERROR (dependency_missing): ..."), None while active.
     ``campaign.run_pid``: the pid of the ftl process driving the repository now (0: one in
     another pid namespace), None when none is (`ftl.engine.run_lock.holder`, read without
     taking the lock). An ``active`` campaign with no run pid was interrupted (a crash, a kill, a
@@ -62,6 +64,9 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
     known = [row["cost_usd"] for row in rows if row["cost_usd"] is not None]
     campaign = {key: record.get(key) for key in CAMPAIGN_KEYS}
     campaign["run_pid"] = holder(repo / ".ftl" / LOCK_FILE)
+    summary = record.get("summary") if isinstance(record.get("summary"), dict) else {}
+    message = summary.get("message") if record.get("status") != "active" else None
+    campaign["message"] = scrub(message) if isinstance(message, str) else None
     campaign["cost_usd"] = round(sum(known), 6) if known else None
     # Where the campaign's work goes: named from the stored decision, no git call (light command).
     campaign["isolation"] = (record.get("inputs") or {}).get("isolation") or "shared"

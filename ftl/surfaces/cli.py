@@ -289,9 +289,11 @@ def campaign_status(campaign_id: str | None, repo: Path, as_json: bool) -> int:
                  else "") for t in data["tasks"]]
     if record.get("cost_usd") is not None:
         lines.append(f"  agent cost: ${record['cost_usd']:.4f} total")
-    if record.get("integration_branch"):
+    if record.get("integration_branch") and any(t["status"] == "complete" for t in data["tasks"]):
         lines.append(f"  work on branch {record['integration_branch']} "
                      "(take it with `ftl campaign land`)")
+    if record["status"] == "returned" and record.get("message"):
+        lines.append(f"  {record['message']}")
     if interrupted:
         lines.append("  no ftl process is running it: continue with `ftl campaign resume`")
     _emit(envelope.success(data), as_json, "\n".join(lines))
