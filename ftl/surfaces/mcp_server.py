@@ -383,7 +383,7 @@ TOOLS: tuple[ToolSpec, ...] = (
         read_only=False),
     ToolSpec("campaign_status", "Campaign status", (
         "A campaign's state and tasks. data: {campaign: {id, objective, status, flow, "
-        "machine_state, created_at, finished_at, run_pid}, tasks: [{seq, slug, status, attempts, "
+        "machine_state, created_at, finished_at, run_pid, message}, tasks: [{seq, slug, status, attempts, "
         "blocked_by, block_reason}], cascade}; {status: 'none'} when there is no campaign. An "
         "active campaign whose run_pid is null was interrupted: resume it with campaign_resume."),
         CampaignStatusArgs, _status),
