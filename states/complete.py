@@ -13,7 +13,8 @@ from ftl.engine.runner import EXIT_BLOCKED, EXIT_OK, Finish, Run
 def enter(run: Run) -> Finish:
     summary = summarize(run)
     clean = summary["blocked"] == 0 and summary["pending"] == 0
-    summary["message"] = (f"Campaign complete. {summary['complete']} complete, "
+    flow = "Task flow" if summary["flow"] == "task" else "Campaign"
+    summary["message"] = (f"{flow} complete. {summary['complete']} complete, "
                           f"{summary['blocked']} blocked"
                           + (f", {summary['pending']} never run." if summary["pending"] else "."))
     return Finish("complete" if clean else "complete_with_blocked",
