@@ -79,7 +79,11 @@ class Config(BaseModel):
     transient_retries: int = Field(1, ge=0, le=1, description="Retries of a transient failure.")
     flaky_verify_retries: int = Field(2, ge=0, le=2, description="Retries of a failing verify.")
     retry_backoff_min_s: float = Field(0.5, ge=0)
-    retry_backoff_max_s: float = Field(30.0, ge=0)
+    retry_backoff_max_s: float = Field(30.0, ge=0, description=(
+        "Longest exponential backoff between two tries, s."))
+    retry_after_max_s: float = Field(300.0, ge=0, description=(
+        "Longest wait for a server's retry-after (a rate limit's window), s; a server asking "
+        "for longer is waited this long, then tried once more."))
     agent_command: list[str] | None = Field(
         None, description="Agent builder command; gets the workspace JSON on stdin.")
     planner_command: list[str] | None = Field(

@@ -323,7 +323,7 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
             outcome = _conflicted(run, workspace, commit, conflict, round_, cancel)
             if outcome is not None:
                 return outcome
-            if tree is not None:  # its commit stays on the task branch; the folder is reused
+            if tree is not None:  # the folder is reused; MERGE_CONFLICT named the commit
                 trees.release(tree)
             tree, built, commit = trees.prepare(name), None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
@@ -473,7 +473,9 @@ def _conflicted(run: Run, workspace: Any, commit: Any, conflict: MergeConflict, 
     run.log.emit(ev.MERGE_CONFLICT, task_seq=seq, commit=commit.commit, base=commit.base,
                  other_seqs=others, paths=conflict.paths[:20], round=round_)
     _emit_failure(run, error, tool="integrate", seq=seq)
-    if round_ == 2 or cancel.is_set():
+    if cancel.is_set() and round_ == 1:  # its commit stays on its branch: the resume retries it
+        return TaskOutcome(seq, "cancelled", dict(where))
+    if round_ == 2:
         return _block(run, workspace, error, **where)
     run.recovery.recovery(strategy="rebase_rerun", success=True, state=run.machine_state,
                           task_seq=seq, error=error, other_seqs=others)

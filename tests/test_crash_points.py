@@ -493,10 +493,11 @@ def test_a_huge_retry_after_is_capped_and_a_cancel_during_the_backoff_stops_the_
         delays.append(seconds)
         cancels[-1].set()
 
-    config = Config(jobs=1, retry_backoff_min_s=0.5, retry_backoff_max_s=30, isolation="shared")
+    config = Config(jobs=1, retry_backoff_min_s=0.5, retry_backoff_max_s=30, retry_after_max_s=45,
+                    isolation="shared")
     result, tasks = start(repo, {"objective": "x", "tasks": [marker_task("001")]}, config=config,
                           client_factory=wrapping(on_invoke), sleep=sleep)
-    assert delays == [30.0]  # min(max(backoff, a day), retry_backoff_max_s)
+    assert delays == [45.0]  # a day's retry-after, capped at retry_after_max_s
     assert len(cancels) == 1  # no further attempt after the cancel
     ends = [e for e in events(repo) if e["event"] == "TASK_END"]
     assert [(e["task_seq"], e["status"]) for e in ends] == [("001", "cancelled")]
@@ -741,3 +742,30 @@ def test_a_ctrl_c_between_a_tasks_stored_end_and_its_log_line_still_logs_it(tmp_
     assert [(e["status"], e.get("recovered")) for e in ends] == [("complete", None)]
     with replay(logs(repo)) as story:
         assert story.violations == []
+
+
+def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(tmp_path: Path) -> None:
+    # A Ctrl-C while the first-round conflict is handled: the task is cancelled (pending
+    # again; its commit stays on its branch for the resume to integrate or re-run), not
+    # blocked for good with its dependents cut off. The second round's conflict still blocks.
+    from ftl.events import EventLog
+    from ftl.vcs.worktrees import MergeConflict
+
+    recoveries: list[dict] = []
+    finished: list[str] = []
+    with EventLog(tmp_path / "c.jsonl", "c") as log:
+        run = SimpleNamespace(log=log, machine_state="EXECUTE", campaign_id="c",
+                              recovery=SimpleNamespace(recovery=lambda **kw: recoveries.append(kw)),
+                              store=SimpleNamespace(finish_workspace=lambda *a, **kw: finished.append(a[3])))
+        workspace = SimpleNamespace(seq="002", workspace_id="002-b", attempt=1)
+        commit = SimpleNamespace(commit="c0ffee", base="ba5e")
+        conflict = MergeConflict(["f.txt"], ["001"])
+        cancel = threading.Event()
+        cancel.set()
+        outcome = build_state._conflicted(run, workspace, commit, conflict, 1, cancel)
+        assert outcome.status == "cancelled" and recoveries == [] and finished == []
+        cancel.clear()
+        assert build_state._conflicted(run, workspace, commit, conflict, 1, cancel) is None
+        assert [r["strategy"] for r in recoveries] == ["rebase_rerun"]
+        blocked = build_state._conflicted(run, workspace, commit, conflict, 2, cancel)
+        assert blocked.status == "blocked" and finished == ["blocked"]

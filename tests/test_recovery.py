@@ -178,11 +178,30 @@ def test_wait_is_exponential_capped_and_honours_retry_after() -> None:
     assert policy.wait_s(1, None) == 0.5
 
 
-def test_no_wait_exceeds_backoff_max_whatever_the_server_asks() -> None:
-    policy = RetryPolicy(backoff_min_s=0.5, backoff_max_s=4.0)
-    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=7000)) == 4.0
-    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=86_400_000)) == 4.0
+def test_a_servers_retry_after_is_honoured_up_to_its_own_cap() -> None:
+    # A rate limit's window (a minute is common) is waited out even past the backoff's cap;
+    # a server asking for a day is waited retry_after_max_s, then tried once more.
+    policy = RetryPolicy(backoff_min_s=0.5, backoff_max_s=4.0, retry_after_max_s=120.0)
+    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=90_000)) == 90.0
+    assert policy.wait_s(1, FtlError("rate_limited", retry_after_ms=86_400_000)) == 120.0
+    assert policy.wait_s(9, FtlError("network_error")) == 4.0  # the backoff keeps its own cap
     assert RetryPolicy(backoff_min_s=8.0, backoff_max_s=4.0).wait_s(1, None) == 4.0
+    assert RetryPolicy().retry_after_max_s == 300.0
+
+
+@pytest.mark.parametrize("output,hint_ms", [
+    ("HTTP 429\nRetry-After: 7", 7000), ("retry_after_ms=250", 250),
+    ("rate limited; retry after 2 minutes", 120_000), ("Retry-After: 120 milliseconds", 120),
+    ("retry-after: 1.5s", 1500), ("retry after 3 hours", 10_800_000), ("Retry-After: 30 sec", 30_000),
+    ("retry after 5m", 300_000), ("retry-after-ms: 40", 40), ("nothing to see", None)])
+def test_retry_after_hints_are_read_with_their_unit(output: str, hint_ms: int | None) -> None:
+    assert retry_after_ms(output) == hint_ms
+
+
+@pytest.mark.parametrize("output", ["API rate limits exceeded", "rate-limiting in effect",
+                                    "Rate limited by upstream", "HTTP/1.1 429 Too Many Requests"])
+def test_rate_limit_wordings_are_transient(output: str) -> None:
+    assert classify_command(_failed(output), what="build", seq="001").error_type == "rate_limited"
 
 
 # --------------------------------------------------------------------------- RecoveryProtocol
@@ -314,7 +333,7 @@ def test_flaky_verify_passing_on_second_try(h: Harness) -> None:
 
 
 @pytest.mark.parametrize("hint_ms,expected_s", [(7000, 7.0), (100, 0.5), (None, 0.5),
-                                                 (86_400_000, 30.0)])
+                                                 (86_400_000, 300.0)])
 def test_rate_limit_waits_the_larger_of_backoff_and_retry_after(h: Harness, hint_ms: int | None,
                                                                expected_s: float) -> None:
     action, _ = _failing(FtlError("rate_limited", {"retry_after_ms": hint_ms}, retry_after_ms=hint_ms),
@@ -455,12 +474,12 @@ class RecordingEvent(threading.Event):
 def test_the_default_sleep_waits_on_the_operations_cancel(tmp_path: Path) -> None:
     log = ev.EventLog(tmp_path / "c1.jsonl", "c1")
     try:
-        protocol = RecoveryProtocol(log, RetryPolicy(backoff_max_s=2.0))  # no injected sleep
-        own = RecordingEvent()
+        protocol = RecoveryProtocol(log, RetryPolicy(backoff_max_s=2.0, retry_after_max_s=3.0))
+        own = RecordingEvent()  # no injected sleep: the protocol waits on the cancel event
         action, calls = _failing(FtlError("rate_limited", retry_after_ms=86_400_000), result="ok")
         with pytest.raises(FtlError):
             protocol.run(action, tool="invoke", cancel=own)
-        assert own.waits == [2.0]  # capped, and woken by the operation's cancel
+        assert own.waits == [3.0]  # capped, and woken by the operation's cancel
         assert calls == [1]
         run_cancel = RecordingEvent()
         protocol = RecoveryProtocol(log, RetryPolicy(backoff_max_s=2.0), cancel=run_cancel)

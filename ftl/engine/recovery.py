@@ -32,7 +32,7 @@ T = TypeVar("T")
 # timeouts, network errors, rate limits, lock contention and flaky tests as transient).
 _TRANSIENT_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(?:HTTP(?:/[\d.]+)?\s+429|status(?: code)?[:= ]\s*429|429 too many requests"
-                r"|too many requests|rate[ _-]?limit(?:ed)?)\b"), "rate_limited"),
+                r"|too many requests|rate[ _-]?limit(?:s|ed|ing)?)\b"), "rate_limited"),
     (re.compile(r"(?i)(database is locked|could not (obtain|acquire) (a )?lock|lock(ed)? by another"
                 r"|resource temporarily unavailable|\.lock\b.*exists|lockfile)"), "lock_contention"),
     (re.compile(r"(?i)(connection (refused|reset|aborted|timed out)|temporary failure in name "
@@ -46,17 +46,25 @@ _STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named"
                 r"|No such file or directory)"), "dependency_missing"),
 )
-_RETRY_AFTER = re.compile(r"(?i)retry[-_ ]after(?:[-_ ]?ms)?\s*[:=]?\s*(\d+(?:\.\d+)?)\s*(ms|s)?")
+_RETRY_AFTER = re.compile(
+    r"(?i)retry[-_ ]after(?P<header_ms>[-_ ]?ms)?\s*[:=]?\s*(?P<value>\d+(?:\.\d+)?)\s*"
+    r"(?P<unit>milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)?\b")
+# A unit's first letters -> ms per unit (checked in order: "ms"/"msec"/"milli" before "m").
+_UNIT_MS = (("milli", 1), ("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
 
 
 def retry_after_ms(output: str) -> int | None:
-    """A server's retry-after hint found in ``output`` (``Retry-After: 7`` -> 7000), in ms."""
+    """A server's retry-after hint found in ``output``, in ms: ``Retry-After: 7`` -> 7000 (an
+    HTTP header's seconds), ``retry_after_ms=250`` -> 250, ``retry after 2 minutes`` -> 120000;
+    units ms, s, min and h in their usual spellings."""
     match = _RETRY_AFTER.search(output or "")
     if not match:
         return None
-    value, unit = float(match.group(1)), (match.group(2) or "").lower()
-    header_ms = "ms" in match.group(0).lower().split(":")[0]
-    return int(value if unit == "ms" or header_ms else value * 1000)
+    value, unit = float(match.group("value")), (match.group("unit") or "").lower()
+    if not unit:
+        return int(value if match.group("header_ms") else value * 1000)
+    per_unit = next(ms for prefix, ms in _UNIT_MS if unit.startswith(prefix))
+    return int(value * per_unit)
 
 
 def classify_command(result: dict[str, Any], *, what: str, seq: str | None = None) -> FtlError:
@@ -118,17 +126,20 @@ class RetryPolicy:
     Attributes:
         transient_retries: retries of a transient failure (FTL: once).
         flaky_retries: retries of a failing verify (FTL: up to 2 for flaky tests).
-        backoff_min_s / backoff_max_s: exponential backoff bounds, s; a server's
-            ``retry_after_ms`` wins when larger, but no wait exceeds ``backoff_max_s``
-            (config ``retry_backoff_max_s``), so a server asking for a day cannot stall a
-            campaign: the retry then fails again and the failure is structural. No jitter, so
-            replays are identical.
+        backoff_min_s / backoff_max_s: exponential backoff bounds, s (config
+            ``retry_backoff_min_s`` / ``retry_backoff_max_s``).
+        retry_after_max_s: the longest a server's ``retry_after_ms`` is honoured, s (config
+            ``retry_after_max_s``): a hint wins over the backoff when larger, so a rate limit's
+            window (often a minute or more) is waited out, but a server asking for a day
+            cannot stall a campaign: the retry then fails again and the failure is
+            structural. No jitter, so replays are identical.
     """
 
     transient_retries: int = 1
     flaky_retries: int = 2
     backoff_min_s: float = 0.5
     backoff_max_s: float = 30.0
+    retry_after_max_s: float = 300.0
 
     def attempts_for(self, error: BaseException | None) -> int:
         if not isinstance(error, FtlError) or not error.transient:
@@ -138,11 +149,12 @@ class RetryPolicy:
         return 1 + self.transient_retries
 
     def wait_s(self, attempt_number: int, error: BaseException | None) -> float:
-        """Seconds to wait before attempt ``attempt_number + 1``:
-        ``min(max(backoff, retry_after), backoff_max_s)``."""
-        backoff = self.backoff_min_s * (2 ** max(0, attempt_number - 1))
-        hint = getattr(error, "retry_after_ms", None)
-        return min(max(backoff, (hint or 0) / 1000.0), self.backoff_max_s)
+        """Seconds to wait before attempt ``attempt_number + 1``: the exponential backoff
+        (``backoff_min_s`` doubling, at most ``backoff_max_s``), or the server's retry-after
+        when longer, at most ``retry_after_max_s``."""
+        backoff = min(self.backoff_min_s * (2 ** max(0, attempt_number - 1)), self.backoff_max_s)
+        hint_s = (getattr(error, "retry_after_ms", None) or 0) / 1000.0
+        return max(backoff, min(hint_s, self.retry_after_max_s))
 
 
 _op_counter = itertools.count(1)

@@ -547,7 +547,8 @@ class Runner:
         policy = RetryPolicy(transient_retries=self.config.transient_retries,
                              flaky_retries=self.config.flaky_verify_retries,
                              backoff_min_s=self.config.retry_backoff_min_s,
-                             backoff_max_s=self.config.retry_backoff_max_s)
+                             backoff_max_s=self.config.retry_backoff_max_s,
+                             retry_after_max_s=self.config.retry_after_max_s)
         return Run(repo=self.repo, store=self.store, config=self.config, log=log,
                    tools=ToolClient(client, log),
                    recovery=RecoveryProtocol(log, policy, sleep=self.sleep, cancel=cancel),

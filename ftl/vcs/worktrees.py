@@ -244,6 +244,8 @@ class Worktrees:
         branch = task_branch(self.campaign_id, name)
         path = self.path_of(name)
         with self._refs_lock:
+            if path in self._idle:  # released by this task (a re-run): no other task may take it
+                self._idle.remove(path)
             if path.exists() and not (path / ".git").is_file():
                 shutil.rmtree(path)
             if path.exists() and not self._reset(path, branch, base):
@@ -331,6 +333,9 @@ class Worktrees:
             return None
         if current != base:
             return None
+        with self._refs_lock:
+            if path in self._idle:  # ours again: out of the pool other tasks take from
+                self._idle.remove(path)
         return self._tree(name, path, base)
 
     def stage(self, tree: TaskTree) -> list[str]:
@@ -372,7 +377,12 @@ class Worktrees:
         trailers = _parse_trailers(text)
         if trailers.get("Ftl-Campaign") != self.campaign_id or not trailers.get("Ftl-Task"):
             return None
-        return TaskCommit(commit=commit, base=(parents.split() or [""])[0], trailers=trailers)
+        # The branch may stand at another task's commit, or at an integration merge that
+        # repeats its trailers (`prepare` moves it to the integration head): only this task's
+        # own commit, one parent, counts.
+        if not trailers.get("Ftl-Attempt", "").startswith(f"{name}/") or len(parents.split()) != 1:
+            return None
+        return TaskCommit(commit=commit, base=parents.split()[0], trailers=trailers)
 
     # --- integration ---
     def integrate(self, task: TaskCommit, *, name: str) -> Integration:

@@ -100,6 +100,42 @@ def test_task_commit_carries_trailers_and_is_found_again(repo: Path) -> None:
     assert not (trees.path_of("001-a") / "a.txt").exists()
 
 
+def test_a_branch_standing_at_another_tasks_commit_has_no_commit_of_its_own(repo: Path) -> None:
+    # `prepare` moves a task's branch to the integration head, which is often another task's
+    # commit, or an integration merge that repeats its trailers. Neither is this task's result:
+    # taken as one, a resumed task completed without running and its work was lost.
+    trees = Worktrees(repo, "c-3")
+    first, _, one = finished_task(trees, "001-a", "a.txt", "a\n")
+    trees.integrate(one, name="001-a")
+    trees.release(first)
+    trees.prepare("002-b")  # at the head: task 001's commit
+    assert trees.task_commit("002-b") is None
+    side = trees.prepare("003-c", base=one.base)  # started before 001 was integrated
+    (side.path / "c.txt").write_text("c\n")
+    trees.stage(side)
+    three = trees.commit(side, seq="003", slug="c", attempt=1, spec=SPEC)
+    merged = trees.integrate(three, name="003-c")
+    assert not merged.fast_forward
+    trees.prepare("004-d")  # at the merge, whose message repeats 003's trailers
+    assert git(repo, "log", "-1", "--format=%(trailers:key=Ftl-Task,valueonly)",
+               trees.integration).strip() == "003"
+    assert trees.task_commit("004-d") is None
+    assert trees.task_commit("003-c").commit == three.commit  # its own commit still counts
+
+
+def test_a_task_preparing_its_own_released_folder_takes_it_out_of_the_pool(repo: Path) -> None:
+    # A re-run after a merge conflict releases its folder, then prepares its own name again:
+    # the folder must not stay in the pool, or the next task would be given the same one.
+    trees = Worktrees(repo, "c-4")
+    tree = trees.prepare("001-a")
+    trees.release(tree)
+    again = trees.prepare("001-a")
+    other = trees.prepare("002-b")
+    assert again.path == tree.path and other.path != again.path
+    (again.path / "a.txt").write_text("a\n")
+    assert trees.stage(again) == ["a.txt"] and not (other.path / "a.txt").exists()
+
+
 def test_conflict_moves_nothing_and_names_the_other_task(repo: Path) -> None:
     trees = Worktrees(repo, "c-3")
     base = trees.ensure_integration()
