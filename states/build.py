@@ -323,9 +323,10 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
             outcome = _conflicted(run, workspace, commit, conflict, round_, cancel)
             if outcome is not None:
                 return outcome
-            if tree is not None:  # the folder is reused; MERGE_CONFLICT named the commit
-                trees.release(tree)
-            tree, built, commit = trees.prepare(name), None, None
+            # Round 2 on the new head, in the folder the task holds (MERGE_CONFLICT named the
+            # first commit).
+            tree = trees.renew(tree) if tree is not None else trees.prepare(name)
+            built, commit = None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
     raise AssertionError("unreachable: the second round returns or blocks")
 

@@ -204,6 +204,9 @@ class Worktrees:
         # one writes only the files that differ; adding one writes every file (a 5,000-file
         # repository: seconds per task on a slow disk).
         self._idle: list[Path] = []
+        # Worktrees a task holds now (`prepare`, `reuse` until `release`/`remove_path`): a
+        # folder taken from the pool stands at another task's path, which `remove` must spare.
+        self._busy: dict[Path, str] = {}  # folder -> the task name holding it
         libgit.load()  # before the tasks start, not inside the first one's git call
 
     # --- the integration branch ---
@@ -238,9 +241,14 @@ class Worktrees:
 
         An existing worktree of the same name is reset (``checkout --force -B``, ``clean -ffdx``:
         untracked and ignored files of an earlier attempt go too); a leftover folder that is no
-        longer a worktree is removed first.
+        longer a worktree is removed first. The task holds it until `release` or `remove_path`.
         """
-        base = base or self.ensure_integration()
+        tree = self._prepare(name, base or self.ensure_integration())
+        with self._refs_lock:
+            self._busy[tree.path] = name
+        return tree
+
+    def _prepare(self, name: str, base: str) -> TaskTree:
         branch = task_branch(self.campaign_id, name)
         path = self.path_of(name)
         with self._refs_lock:
@@ -270,6 +278,17 @@ class Worktrees:
                         return self._tree(name, held, base)
                     self.git.run("worktree", "add", "-q", "--force", "-B", branch, str(path), base)
         return self._tree(name, path, base)
+
+    def renew(self, tree: TaskTree, base: str | None = None) -> TaskTree:
+        """``tree``'s folder again, reset to ``base`` (default: the integration head) for a
+        re-run of its task (a merge conflict's second round): the task keeps the folder it
+        holds, so no other task can be given it between a release and a prepare."""
+        base = base or self.ensure_integration()
+        with self._refs_lock:
+            if self._busy.get(tree.path) == tree.name and self._reset(tree.path, tree.branch, base):
+                return self._tree(tree.name, tree.path, base)
+        self.release(tree)
+        return self.prepare(tree.name, base)
 
     def _holding(self, branch: str) -> Path | None:
         """The worktree of ours (under `WORKTREES_DIR`) that has ``branch`` checked out."""
@@ -304,6 +323,7 @@ class Worktrees:
         """``tree``'s task is done with it (its commit is integrated, or a re-run starts): keep
         the worktree for the next `prepare`, up to `POOL_SIZE`, else remove it. Idempotent."""
         with self._refs_lock:
+            self._busy.pop(tree.path, None)
             if tree.path in self._idle or not (tree.path / ".git").is_file():
                 return
             if len(self._idle) < POOL_SIZE:
@@ -314,10 +334,14 @@ class Worktrees:
     def remove_path(self, path: Path) -> None:
         """Remove the worktree at ``path`` (a task's own, or one it was given from the pool)."""
         with self._refs_lock:
-            if path in self._idle:
-                self._idle.remove(path)
-            if not libgit.remove_worktree(self.repo, name=path.name, path=path):
-                self._remove_locked(path)
+            self._busy.pop(path, None)
+            self._remove_folder_locked(path)
+
+    def _remove_folder_locked(self, path: Path) -> None:
+        if path in self._idle:
+            self._idle.remove(path)
+        if not libgit.remove_worktree(self.repo, name=path.name, path=path):
+            self._remove_locked(path)
 
     def reuse(self, name: str, base: str, workdir: str | None = None) -> TaskTree | None:
         """The existing worktree of ``name`` if it still stands on ``base`` (its uncommitted
@@ -325,17 +349,18 @@ class Worktrees:
         ``workdir``: where that attempt ran, relative to the repository (the workspace row's
         ``workdir``: a worktree taken from the pool stands at another task's path)."""
         path = self.repo / workdir if workdir else self.path_of(name)
-        if not (path / ".git").is_file():
-            return None
-        try:
-            current = Git(path).out("rev-parse", "HEAD")
-        except GitError:
-            return None
-        if current != base:
-            return None
-        with self._refs_lock:
+        with self._refs_lock:  # checked and taken at once: `remove` cannot delete it between
+            if self._busy.get(path, name) != name or not (path / ".git").is_file():
+                return None
+            try:
+                current = Git(path).out("rev-parse", "HEAD")
+            except GitError:
+                return None
+            if current != base:
+                return None
             if path in self._idle:  # ours again: out of the pool other tasks take from
                 self._idle.remove(path)
+            self._busy[path] = name
         return self._tree(name, path, base)
 
     def stage(self, tree: TaskTree) -> list[str]:
@@ -491,8 +516,14 @@ class Worktrees:
 
     # --- cleaning up ---
     def remove(self, name: str) -> None:
-        """Remove task ``name``'s worktree (its branch stays). Idempotent."""
-        self.remove_path(self.path_of(name))
+        """Remove task ``name``'s worktree (its branch stays), unless another task holds that
+        folder now (one given from the pool, e.g. after a crash between this task's integration
+        and its stored end). Idempotent."""
+        path = self.path_of(name)
+        with self._refs_lock:
+            if self._busy.get(path, name) == name:
+                self._busy.pop(path, None)
+                self._remove_folder_locked(path)
 
     def finish(self) -> list[str]:
         """End of the campaign: remove its worktrees and delete the task branches whose tips
@@ -503,6 +534,7 @@ class Worktrees:
         try:
             with self._refs_lock:
                 self._idle.clear()  # they stand at task paths: removed below with the rest
+                self._busy.clear()
                 names = self.git.out("for-each-ref", "--format=%(refname)", prefix).splitlines()
                 for ref in names:
                     path = self.path_of(ref[len(prefix):])

@@ -123,6 +123,19 @@ def test_a_branch_standing_at_another_tasks_commit_has_no_commit_of_its_own(repo
     assert trees.task_commit("003-c").commit == three.commit  # its own commit still counts
 
 
+def test_a_re_run_keeps_its_folder_and_no_other_task_is_given_it(repo: Path) -> None:
+    trees = Worktrees(repo, "c-6")
+    first, _, one = finished_task(trees, "001-a", "a.txt", "a\n")
+    trees.integrate(one, name="001-a")
+    trees.release(first)
+    tree = trees.prepare("002-b", base=one.base)  # from the pool: 001's folder
+    (tree.path / "b.txt").write_text("round 1\n")
+    again = trees.renew(tree)  # a merge conflict: round 2 on the new head, same folder
+    assert again.path == tree.path and again.base == one.commit and not (again.path / "b.txt").exists()
+    other = trees.prepare("003-c")
+    assert other.path != again.path
+
+
 def test_a_task_preparing_its_own_released_folder_takes_it_out_of_the_pool(repo: Path) -> None:
     # A re-run after a merge conflict releases its folder, then prepares its own name again:
     # the folder must not stay in the pool, or the next task would be given the same one.
@@ -134,6 +147,29 @@ def test_a_task_preparing_its_own_released_folder_takes_it_out_of_the_pool(repo:
     assert again.path == tree.path and other.path != again.path
     (again.path / "a.txt").write_text("a\n")
     assert trees.stage(again) == ["a.txt"] and not (other.path / "a.txt").exists()
+
+
+def test_removing_a_tasks_folder_spares_it_while_another_task_holds_it(repo: Path) -> None:
+    # Task 001's folder went to the pool and task 002 took it; after a crash, 001's resume
+    # integrates its commit again and removes "its" folder: 002's build there must stay.
+    trees = Worktrees(repo, "c-5")
+    first = trees.prepare("001-a")
+    trees.release(first)
+    second = trees.prepare("002-b")
+    assert second.path == first.path == trees.path_of("001-a")
+    (second.path / "b.txt").write_text("built\n")
+    trees.remove("001-a")
+    assert (second.path / "b.txt").read_text() == "built\n"
+    # A resume that reuses 002's built folder holds it the same way.
+    fresh = Worktrees(repo, "c-5")
+    reused = fresh.reuse("002-b", second.base, workdir=second.workdir)
+    assert reused is not None and reused.path == second.path
+    assert fresh.reuse("003-c", second.base, workdir=second.workdir) is None  # already held
+    fresh.remove("001-a")
+    assert (second.path / "b.txt").exists()
+    fresh.release(reused)
+    fresh.remove("001-a")  # nobody holds it now: removed
+    assert not second.path.exists()
 
 
 def test_conflict_moves_nothing_and_names_the_other_task(repo: Path) -> None:
