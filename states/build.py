@@ -723,7 +723,8 @@ def _already_built(run: Run, seq: str,
     Walks the task's attempts from the newest: ``built`` gives its result; ``complete`` its
     build result (the crash fell between the workspace's and the task's commits); ``abandoned``
     with its shell checkpoint a build that finished unseen; ``abandoned`` without one died
-    before its command completed, so the attempt before it is looked at. Anything else
+    before its command completed, so the attempt before it is looked at, except after a
+    worktree attempt (it reset the folder the earlier build was in). Anything else
     (blocked, cancelled, active), or an attempt whose command or scope differs from ``spec``
     (a re-plan changed the task), ends the walk: there is nothing to reuse.
     """
@@ -741,6 +742,8 @@ def _already_built(run: Run, seq: str,
         if _checkpoint_path(run, row["workspace_id"], row["attempt"]).exists():
             return {"status": "complete", "delivered": f"ran: {old.get('run') or ''}",
                     "from_checkpoint": True}, old
+        if old.get("base_commit"):  # a worktree attempt reset its folder before it died: an
+            return None             # earlier build there is gone, a half-written one may be in it
     return None
 
 

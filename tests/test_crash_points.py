@@ -336,6 +336,23 @@ def test_resume_walks_back_over_attempts_that_died_before_their_command(tmp_path
         assert build_state._already_built(run, "001", spec) is None  # a block ends the walk
 
 
+def test_resume_does_not_walk_back_past_a_worktree_attempt_that_died(tmp_path: Path) -> None:
+    # Attempt 1 built in its worktree; attempt 2 (after a crash and a cleaned folder) prepared
+    # a fresh worktree at the same base and died mid-build: that folder holds a half-written
+    # build, not attempt 1's, so nothing is reused.
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["id"]
+        spec = {"workspace_id": "001-a", "seq": "001", "run": "make", "delta": ["a"], "creates": [],
+                "workdir": ".ftl/worktrees/001-a", "base_commit": "b" * 40}
+        store.record_workspace(cid, {**spec, "attempt": 1})
+        store.finish_workspace(cid, "001-a", 1, "built", {"status": "complete", "delivered": "ran: make"})
+        run = _rows_run(store, cid, tmp_path)
+        assert build_state._already_built(run, "001", spec) is not None
+        store.record_workspace(cid, {**spec, "attempt": 2})
+        store.reset_running(cid)  # attempt 2 died before its command completed: abandoned
+        assert build_state._already_built(run, "001", spec) is None
+
+
 def test_an_abandoned_attempt_with_its_checkpoint_counts_as_built(tmp_path: Path) -> None:
     with Store.for_repo(tmp_path) as store:
         cid = store.create_campaign("x")["id"]
