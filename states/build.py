@@ -208,12 +208,15 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
         if build_spec is not spec:  # report the user's command, not the wrapper
             build_result["delivered"] = str(build_result.get("delivered") or "").replace(
                 build_spec["run"], task.run)
-    if tree is not None:  # the commit's diff decides, .gitignore honoured; reused builds too
+    # A build recorded as built was staged (and its scope checked) before its verify ran: the
+    # index still holds it, and staging again would take in what that verify wrote.
+    staged = built is not None and built.get("change_detection") == "git-commit"
+    if tree is not None and not staged:  # the commit's diff decides, .gitignore honoured
         changed = run.worktrees.stage(tree)
         build_result.update(files_changed=changed, change_detection="git-commit",
                             out_of_scope=out_of_scope(changed, [*task.delta, *task.creates],
                                                       tree.path))
-    if built is None or tree is not None:
+    if (built is None or tree is not None) and not staged:
         scope = build_result.get("out_of_scope") or []
         if scope:
             error = FtlError("workspace_invalid", {"seq": seq, "issues": scope[:20]},

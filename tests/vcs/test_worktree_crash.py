@@ -53,6 +53,8 @@ class KillDuringVerify:
 
     def invoke(self, macro_id, args, **kwargs):
         if "command" in args and "timeout_s" in args:  # run_verify: the build is done
+            if kill == "after_verify":  # verify ran (and wrote its files); its answer is lost
+                self.inner.invoke(macro_id, args, **kwargs)
             os._exit(9)
         return self.inner.invoke(macro_id, args, **kwargs)
 
@@ -63,7 +65,7 @@ class KillDuringVerify:
 def client(config, root):
     inner = ManglecpClient(InProcessTransport(build_server(root, config, isolation="thread"),
                                               close_server=True), max_retries=0)
-    return KillDuringVerify(inner) if kill == "during_verify" else inner
+    return KillDuringVerify(inner) if kill in ("during_verify", "after_verify") else inner
 
 
 if kill in ("commit", "integrate"):
@@ -128,3 +130,25 @@ def test_a_kill_at_each_step_resumes_without_losing_or_repeating_work(tmp_path: 
     assert replay(logs).violations == []
     assert git(repo, "fsck", "--no-progress", "--no-dangling") == ""
     assert git(repo, "rev-parse", "main") == git(repo, "rev-list", "--max-parents=0", "main")
+
+
+def test_files_a_verify_wrote_before_a_kill_stay_out_of_the_resumed_commit(tmp_path: Path) -> None:
+    # The build was staged before verify ran, as in a run without a crash; the resume verifies
+    # the reused build again and commits what was staged, not what verify left in the folder
+    # (a report outside the task's scope would have blocked it as out of scope).
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".gitignore").write_text(".ftl/\n")
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "init")
+    plan = {"objective": "crash", "tasks": [
+        {"seq": "001", "slug": "write", "creates": ["out.txt"], "run": "echo result > out.txt",
+         "verify": "grep -q result out.txt && echo ok > verify-report.txt"}]}
+    assert child(repo, "start", "after_verify", plan).returncode == 9
+    resumed = child(repo, "resume", "none", plan)
+    assert resumed.returncode == 0, resumed.stderr[-2000:] + resumed.stdout[-2000:]
+    summary = json.loads(resumed.stdout.splitlines()[-1])["summary"]
+    assert summary["complete"] == 1, summary
+    files = git(repo, "ls-tree", "--name-only", summary["integration_branch"]).split()
+    assert "out.txt" in files and "verify-report.txt" not in files
