@@ -6,7 +6,9 @@ so probing it says nothing. Before, the running attempts failed ``worker_lost``,
 then waited in Ray's queue with no deadline (a queued attempt's time is not the task's): the
 run hung. Now the driver reads the nodes while the head answers; no live node with CPUs for
 ``lost_after_s`` marks the cluster lost, and the run stops resumably (every task pending, none
-blocked). A node that joins in time resets that clock: the run goes on.
+blocked). A node that joins in time resets that clock: the run goes on. A cluster that has no
+node with CPUs when the run starts stops it the same way (before: each task blocked as a
+``configuration_error``).
 
 Real multi-node clusters on this machine, from Ray's own test helper
 (`ray.cluster_utils.Cluster`): a 0-CPU head and a 2-CPU worker node, removed with SIGKILL (no
@@ -169,3 +171,33 @@ def test_a_node_that_joins_within_lost_after_s_keeps_the_run_going(tmp_path: Pat
     assert ended == {"001": "complete", "002": "complete"}, ended
     _integrated_once(repo, ["001", "002"])
     _replay_holds(repo)
+
+
+def test_a_cluster_with_no_node_with_cpus_at_the_start_stops_the_run_resumably(
+        tmp_path: Path) -> None:
+    # Before, each task was refused as a configuration_error (blocked) for reserving more CPUs
+    # than the largest node (the head's 0): the workers missing is the cluster's state, not
+    # the plan's mistake.
+    repo = _repo(tmp_path)
+    plan = _plan(tmp_path / "plan.json", [_task(1, "echo 1 > f1.txt")])
+    config = tmp_path / "ftl.toml"
+    config.write_text("[executor]\nlost_after_s = 1\n")
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
+                                                            "include_dashboard": False})
+    try:
+        proc = _run(repo, plan, cluster.address, config, tmp_path / "stderr.txt")
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 75, out[-2000:] + (tmp_path / "stderr.txt").read_text()[-2000:]
+    envelope = json.loads(out)
+    assert envelope["data"]["ftl_error_type"] == "cluster_lost"
+    assert "no live node with CPUs" in envelope["error"], envelope["error"]
+    events = _events(repo)
+    assert [(e["task_seq"], e["status"]) for e in events if e["event"] == "TASK_END"] == [
+        ("001", "cancelled")]
+    assert [e["resumable"] for e in events if e["event"] == "RUN_END"] == [True]
