@@ -201,3 +201,30 @@ def test_a_cluster_with_no_node_with_cpus_at_the_start_stops_the_run_resumably(
     assert [(e["task_seq"], e["status"]) for e in events if e["event"] == "TASK_END"] == [
         ("001", "cancelled")]
     assert [e["resumable"] for e in events if e["event"] == "RUN_END"] == [True]
+
+
+def test_a_command_killed_with_its_node_is_the_node_s_loss_not_the_task_s(tmp_path: Path) -> None:
+    # A dying node's worker can outlive its command for a moment and send back "build failed
+    # (exit -9)". Here the command kills its node's raylet (the worker's parent), then itself:
+    # before, that result blocked the task as task_failed; now the node is found gone (its
+    # raylet refuses connections) and the task waits for the verdict like any other.
+    repo = _repo(tmp_path)
+    run = "kill -9 $(ps -o ppid= -p $PPID); kill -9 $$"
+    plan = _plan(tmp_path / "plan.json", [_task(1, run)])
+    config = tmp_path / "ftl.toml"
+    config.write_text("[executor]\nlost_after_s = 1\n")
+    cluster, _ = _cluster()
+    try:
+        proc = _run(repo, plan, cluster.address, config, tmp_path / "stderr.txt")
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 75, out[-2000:] + (tmp_path / "stderr.txt").read_text()[-2000:]
+    events = _events(repo)
+    failures = [(e["task_seq"], e["error_type"]) for e in events if e["event"] == "TOOL_FAILURE"]
+    assert failures == [("001", "cancelled")], failures
+    assert [e["status"] for e in events if e["event"] == "TASK_END"] == ["cancelled"]

@@ -87,6 +87,17 @@ def forget_campaign(campaign_id: str) -> int:
     return forget(campaign_id)
 
 
+def _killed_by_signal(result: dict[str, Any]) -> bool:
+    """Whether the attempt's build or verify command was killed by a signal (a negative exit
+    code: ``subprocess`` convention) without a timeout or a cancel that explains it."""
+    for step in (result.get("build"), result.get("verify")):
+        code = (step or {}).get("exit_code")
+        if isinstance(code, int) and code < 0 and not step.get("timed_out") \
+                and not step.get("cancelled"):
+            return True
+    return False
+
+
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
     """Refuse a ``HOST:PORT`` nobody listens on before ``ray.init``, which would wait minutes
     for it. ``auto`` and ``ray://`` addresses are left to Ray (it fails fast on those).
@@ -471,7 +482,9 @@ class RayCluster:
             ``bundle``, ``node``, ``worker``, ...).
 
         Raises:
-            FtlError(worker_lost): the worker or its node died, or the result was lost.
+            FtlError(worker_lost): the worker or its node died (also when the result came
+                back with its command killed by a signal and the node is gone since), or the
+                result was lost.
             FtlError(cancelled): cancelled (Ctrl-C, the campaign's cancel).
             FtlError(timeout): no result within build + verify limits plus a slack, counted
                 from the attempt's placement (time queued for a node does not count).
@@ -510,7 +523,17 @@ class RayCluster:
             deadline = time.monotonic() + float(request["timeout_s"]) + \
                 float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
             on_placed(placed)
-            result = self._next(generator, cancel, deadline, request, placed.get("node"))
+            node = placed.get("node")
+            answer = self._next(generator, cancel, deadline, request, node)
+            if (node and _killed_by_signal(answer) and not (cancel.is_set() or self._cancelled)
+                    and self._node_gone(node)):
+                # A dying node's worker can outlive the command it ran for a moment (Ray
+                # kills a worker's children first): the command's death is the node's.
+                self._forget_node(node)
+                self._hold_for_verdict(cancel)
+                raise FtlError("worker_lost", {"seq": request["seq"], "cause": "its node died "
+                                               "while the command ran"})
+            result = answer
         finally:
             # Cancelled, timed out, lost, or on_placed raised: stop it (nothing to stop, and
             # no Ray call to make, once the whole cluster is gone).
@@ -521,6 +544,38 @@ class RayCluster:
                 self._stops.discard((id(generator), False))
                 self._stops.discard((id(generator), True))
         return result
+
+    def _forget_node(self, node: str) -> None:
+        """An attempt saw ``node`` (a 12-character id prefix) die: it no longer counts as
+        capacity, and the next `_hold_for_verdict` reads the other nodes at once."""
+        with self._lock:
+            self._dead_nodes.add(node)
+            self._nodes_read_at = float("-inf")
+
+    def _node_gone(self, node: str) -> bool:
+        """Whether ``node`` is gone: the head lists it dead, or its raylet refuses a TCP
+        connection (dead, while the head has not noticed yet). False when unsure: the head
+        does not answer (no Ray call may wait on it), or the node is not listed."""
+        if node in self._dead_nodes:
+            return True
+        if self._probe() is not True:
+            return False
+        try:
+            rows = [n for n in self._ray.nodes() if n["NodeID"][:12] == node]
+        except Exception:  # noqa: BLE001 - unsure: the result stands
+            return False
+        if not rows:
+            return False
+        if not rows[0].get("Alive"):
+            return True
+        host, port = rows[0].get("NodeManagerAddress"), rows[0].get("NodeManagerPort")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return False
+        except (ConnectionRefusedError, ConnectionResetError):
+            return True
+        except (OSError, TypeError, ValueError):
+            return False
 
     def _largest_node_cpus(self) -> float | None:
         """CPUs of the cluster's largest live node (0.0: none has CPUs), None if unknown. The
@@ -597,9 +652,7 @@ class RayCluster:
             if cancel.is_set() or self._cancelled:  # a force-cancel kills the worker: not lost
                 raise FtlError("cancelled", {"what": f"task {seq}"}) from None
             if node and isinstance(exc, self._node_died):
-                with self._lock:  # its node is gone: no capacity there, read the rest now
-                    self._dead_nodes.add(node)
-                    self._nodes_read_at = float("-inf")
+                self._forget_node(node)
             self._hold_for_verdict(cancel)
             raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
         except self._task_error as exc:
