@@ -14,29 +14,48 @@ sanitising requirements and response-v2 trust boundaries (errors-and-gates refer
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 REDACTED = "[REDACTED]"
 MESSAGE_LIMIT_BYTES = 1024
 
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(?i)\b(authorization\s*[:=]\s*)(bearer|basic|token)\s+[^\s\"',;]+"), rf"\1\2 {REDACTED}"),
-    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9\-._~+/]{8,}=*"), rf"\1 {REDACTED}"),
-    (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/:@]+:[^\s/@]+@"), rf"\1{REDACTED}@"),
-    (re.compile(r"(?i)\b([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_-]?key|"
-                r"access[_-]?key|private[_-]?key|client[_-]?secret)[A-Za-z0-9_.\-]*)"
-                r"(\s*[:=]\s*|\"\s*:\s*\")([^\s\"',;&]+)"), rf"\1\2{REDACTED}"),
-    (re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{16,}\b"), REDACTED),
-    (re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}\b"), REDACTED),
-    (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), REDACTED),
-    (re.compile(r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}\b"), REDACTED),
-    (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"), REDACTED),
-)
+
+class _Lazy:
+    """A regular expression compiled at its first use: this module loads on the light commands
+    (``ftl campaign status``), which mostly never use it (issue 11 item 1)."""
+
+    def __init__(self, pattern: str) -> None:
+        self._pattern = pattern
+        self._compiled: re.Pattern[str] | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if self._compiled is None:
+            self._compiled = re.compile(self._pattern)
+        return getattr(self._compiled, name)
+
+
+@functools.cache
+def _patterns() -> tuple[tuple[re.Pattern[str], str], ...]:
+    """The secret patterns, compiled at the first text that needs them (not at import: the
+    light commands import this module, and most text never reaches a pattern)."""
+    return (
+        (re.compile(r"(?i)\b(authorization\s*[:=]\s*)(bearer|basic|token)\s+[^\s\"',;]+"), rf"\1\2 {REDACTED}"),
+        (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9\-._~+/]{8,}=*"), rf"\1 {REDACTED}"),
+        (re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^\s/:@]+:[^\s/@]+@"), rf"\1{REDACTED}@"),
+        (re.compile(r"(?i)\b([A-Za-z0-9_.\-]*(?:password|passwd|pwd|secret|token|api[_-]?key|"
+                    r"access[_-]?key|private[_-]?key|client[_-]?secret)[A-Za-z0-9_.\-]*)"
+                    r"(\s*[:=]\s*|\"\s*:\s*\")([^\s\"',;&]+)"), rf"\1\2{REDACTED}"),
+        (re.compile(r"\b(?:ghp|gho|ghu|ghs|ghr|github_pat)_[A-Za-z0-9_]{16,}\b"), REDACTED),
+        (re.compile(r"\bxox[abprs]-[A-Za-z0-9\-]{10,}\b"), REDACTED),
+        (re.compile(r"\b(?:AKIA|ASIA)[A-Z0-9]{16}\b"), REDACTED),
+        (re.compile(r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_\-]{16,}\b"), REDACTED),
+        (re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"), REDACTED),
+    )
 
 
 # Every pattern above needs one of these in the lower-cased text (its keyword, scheme
@@ -62,7 +81,7 @@ def scrub(text: str) -> str:
 
 def scrub_all(text: str) -> str:
     """`scrub` without the keyword pre-check: every pattern applied to ``text``."""
-    for pattern, replacement in _PATTERNS:
+    for pattern, replacement in _patterns():
         text = pattern.sub(replacement, text)
     return text
 
@@ -94,11 +113,11 @@ def scrub_value(value: Any) -> Any:
 
 # --------------------------------------------------------------------------- client-bound text
 
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps \t and \n (response-v2 04 §5)
+_CONTROL = _Lazy(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # keeps \t and \n (response-v2 04 §5)
 # An absolute POSIX path: a "/" not preceded by a word, URL or path character, then segments.
-_ABS_POSIX = re.compile(r"(?<![\w.~:/\\-])(/[\w.@+~-]+)+/?")
-_ABS_WINDOWS = re.compile(r"(?<![\w])[A-Za-z]:\\(?:[^\\\s\"'<>|:*?]+\\)*[^\\\s\"'<>|:*?]*")
-_FILE_URI = re.compile(r"\bfile://[^\s\"'<>]+")
+_ABS_POSIX = _Lazy(r"(?<![\w.~:/\\-])(/[\w.@+~-]+)+/?")
+_ABS_WINDOWS = _Lazy(r"(?<![\w])[A-Za-z]:\\(?:[^\\\s\"'<>|:*?]+\\)*[^\\\s\"'<>|:*?]*")
+_FILE_URI = _Lazy(r"\bfile://[^\s\"'<>]+")
 # First segments of absolute paths that name a filesystem location rather than, say, a JSON
 # pointer ("/tasks/0"). Directories this process knows (home, temp, cwd, prefix) are added.
 _FS_ROOTS = frozenset({
@@ -110,6 +129,8 @@ PATH_MARKER = "…"
 
 
 def _known_prefixes() -> tuple[str, ...]:
+    import tempfile  # here, not at import: the light commands (status) never cut paths
+
     found = set()
     for raw in (os.path.expanduser("~"), tempfile.gettempdir(), os.getcwd(), sys.prefix,
                 sys.base_prefix, str(Path(__file__).resolve().parent.parent)):
@@ -147,12 +168,12 @@ def redact_paths(text: str) -> str:
 
 
 _INTERNAL = (
-    re.compile(r"Traceback \(most recent call last\)"),
-    re.compile(r"File \"[^\"]+\", line \d+"),
-    re.compile(r"\b(?:SELECT\b[^;]*?\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
+    _Lazy(r"Traceback \(most recent call last\)"),
+    _Lazy(r"File \"[^\"]+\", line \d+"),
+    _Lazy(r"\b(?:SELECT\b[^;]*?\bFROM|INSERT\s+INTO|UPDATE\s+\w+\s+SET|DELETE\s+FROM|"
                r"CREATE\s+(?:TABLE|INDEX|UNIQUE\s+INDEX)|DROP\s+TABLE|ALTER\s+TABLE|PRAGMA\s+\w+)\b"),
-    re.compile(r"\b(?:UNIQUE|NOT NULL|CHECK|FOREIGN KEY|PRIMARY KEY) constraint failed\b"),
-    re.compile(r"\b(?:permit|forbid)\s*\(\s*principal\b"),
+    _Lazy(r"\b(?:UNIQUE|NOT NULL|CHECK|FOREIGN KEY|PRIMARY KEY) constraint failed\b"),
+    _Lazy(r"\b(?:permit|forbid)\s*\(\s*principal\b"),
 )
 
 

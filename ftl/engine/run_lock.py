@@ -13,7 +13,6 @@ call that took it, even for a moment, could make a run starting at that moment f
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from pathlib import Path
 from typing import Callable
@@ -23,13 +22,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX
     fcntl = None  # type: ignore[assignment]
 
-from ftl.errors import FtlError
-
 __all__ = ["LOCK_FILE", "RunLock", "holder"]
 
 LOCK_FILE = "run.lock"
-
-_LOG = logging.getLogger("ftl.engine.runner")
 
 
 class RunLock:
@@ -42,13 +37,18 @@ class RunLock:
     def acquire(self, campaign: Callable[[], str]) -> None:
         """Take the lock or raise FtlError(conflict) naming ``campaign()`` and the holder's pid."""
         if fcntl is None:  # pragma: no cover - not POSIX
-            _LOG.warning("no flock on this platform: runs are not locked against each other")
+            import logging
+
+            logging.getLogger("ftl.engine.runner").warning(
+                "no flock on this platform: runs are not locked against each other")
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:  # EWOULDBLOCK: held by another open file (another process or Runner)
+            from ftl.errors import FtlError  # here: `holder` serves the light status command
+
             try:
                 owner = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
             finally:
