@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -108,18 +109,27 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
                 continue
             if not line.strip():
                 continue
-            if len(line) < _PEEK_BYTES and _is_cancel(line):
-                run(line)  # inline: a cancel must not queue behind the requests it cancels
-            else:
-                pool.submit(run, line)
+            try:
+                if len(line) < _PEEK_BYTES and _is_cancel(line):
+                    run(line)  # inline: a cancel must not queue behind the requests it cancels
+                else:
+                    pool.submit(run, line)
+            except Exception:  # one bad line must never end the session (in-flight work lives on)
+                correlation_id = uuid.uuid4().hex[:12]
+                log.exception("dispatching a stdio line failed (correlation id %s)", correlation_id)
+                write(make_error("internal_error",
+                                 f"An internal error occurred (correlation id {correlation_id}).",
+                                 {"correlation_id": correlation_id}))
         session.cancel_all()  # EOF: stop running invocations; their final replies still flush
     server.remove_manifest_listener(write)
 
 
 def _is_cancel(line: bytes) -> bool:
+    """True when ``line`` is a ``cancel`` message. Anything unreadable (bad UTF-8, invalid JSON,
+    nesting deep enough for RecursionError) is False: the worker's `parse_message` answers it."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except Exception:
         return False
     return isinstance(message, dict) and message.get("type") == "cancel"
 
