@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 from typing import Any, Literal, Mapping
 
@@ -503,6 +504,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent as a float; one beyond the double range (it
+    would read as infinity, which no reply could carry back) is refused."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a double")
+    return value
+
+
 def _pydantic_violations(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:
     return [{"path": prefix + "/" + "/".join(str(p) for p in err["loc"]), "message": err["msg"]}
             for err in exc.errors(include_url=False)]
@@ -531,7 +541,8 @@ def parse_message(raw: bytes | str | Mapping[str, Any], *,
         if data.startswith(b"\xef\xbb\xbf"):
             data = data[3:]  # tolerated on input; never sent
         try:
-            obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+            obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
+                             parse_float=_finite_float)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise ProtocolError("malformed_message", "The message is not valid UTF-8 JSON.",
                                 {"violations": [{"path": "/", "message": _short(exc)}]}) from None

@@ -48,13 +48,14 @@ from ftl.manglecp.facts import NormalFact, facts_error, format_time, parse_time,
 from ftl.manglecp.messages import (
     CLIENT_TYPES, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
     FactsProfile, IntentRequest, InvokeRequest, Manifest, PredicateSchema, ProtocolError,
-    Authenticate, envelope, http_status, make_error, parse_message, parse_payload, to_ftl_error)
+    Authenticate, dumps, encode, envelope, http_status, make_error, parse_message, parse_payload,
+    to_ftl_error)
 from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
 
 # The server's own names, then the names re-exported from the modules split out of this one.
 __all__ = [
-    "ManglecpServer", "STATUSES", "http_error_status",
+    "ManglecpServer", "STATUSES", "encode_reply", "http_error_status",
     "ANONYMOUS", "BearerAuth", "ConfirmationTokens", "Principal", "Session", "TokenBucket",
     "BoundContext", "Clock", "EvaluationInput", "EvaluationResult", "Evaluator", "InvocationContext",
     "InvocationOutcome", "Selection", "ServerInfo", "ServerLimits", "Skill", "SystemClock",
@@ -740,6 +741,10 @@ class ManglecpServer:
             result = to_jsonable_python(result)
         except Exception:
             result = None
+        if isinstance(result, dict) and not _encodable(result):
+            log.error("tool %s returned a result JSON cannot carry (NaN, infinity or nesting too deep; "
+                      "correlation id %s)", tool.name, correlation_id)
+            result = None
         if not isinstance(result, dict):
             log.error("tool %s returned a non-object result (correlation id %s)", tool.name, correlation_id)
             raise ProtocolError("internal_error",
@@ -836,6 +841,40 @@ class ManglecpServer:
             log.error("%s produced an invalid retract pattern for %r", tool_name, pred)
             return None
         return {"pred": pred, "args": list(args)}
+
+
+def _encodable(value: Any) -> bool:
+    """Whether `dumps` can write ``value``: no NaN or infinity (RFC 8259 has neither), no
+    nesting deep enough for RecursionError, nothing that is not JSON."""
+    try:
+        dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+def encode_reply(message: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
+    """The wire bytes of a server message, and the message they carry.
+
+    A message that cannot be encoded (a NaN in a gate decision, an infinite number in a proof
+    hint...) is logged under a new correlation id and replaced by an ``internal_error`` with the
+    same id, so the client always gets its final message instead of waiting for ever (spec 09
+    §2: every request ends in a response or an error). Transports send the returned bytes; a
+    replaced ``progress`` message should be dropped instead (the final one follows).
+
+    Returns:
+        (UTF-8 JSON without a newline, the message encoded: ``message`` or its replacement).
+    """
+    try:
+        return encode(message), message
+    except (ValueError, TypeError, RecursionError) as exc:
+        correlation_id = uuid.uuid4().hex[:12]
+        log.error("a %s for %r cannot be encoded (%s; correlation id %s)", message.get("type"),
+                  message.get("id"), type(exc).__name__, correlation_id)
+        replacement = make_error("internal_error",
+                                 f"The reply could not be encoded (correlation id {correlation_id}).",
+                                 {"correlation_id": correlation_id}, id=message.get("id"))
+        return encode(replacement), replacement
 
 
 def http_error_status(message: Mapping[str, Any]) -> int:

@@ -39,7 +39,7 @@ from ftl.errors import FtlError
 from ftl.manglecp.messages import ProtocolError, encode, make_error, parse_message
 from ftl.manglecp.access import BearerAuth, Principal, Session
 from ftl.manglecp.definitions import ServerLimits
-from ftl.manglecp.server import ManglecpServer, http_error_status
+from ftl.manglecp.server import ManglecpServer, encode_reply, http_error_status
 
 log = logging.getLogger("ftl.server.serve")
 
@@ -65,7 +65,10 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
     closed = threading.Event()
 
     def write(message: dict[str, Any]) -> None:
-        data = encode(message) + b"\n"
+        data, sent = encode_reply(message)
+        if sent is not message and message.get("type") == "progress":
+            return  # logged; the request's final message still follows
+        data += b"\n"
         with out_lock:
             if closed.is_set():
                 return
@@ -186,7 +189,8 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
     running_lock = threading.Lock()
 
     def reply(message: dict[str, Any], status: int | None = None, headers: dict | None = None) -> Response:
-        return Response(encode(message), status_code=status or http_error_status(message),
+        data, sent = encode_reply(message)
+        return Response(data, status_code=status or http_error_status(sent),
                         media_type="application/json", headers=headers)
 
     def credentials_of(request: Request) -> str | None:
