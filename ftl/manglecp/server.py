@@ -659,6 +659,8 @@ class ManglecpServer:
                                 f"The args do not match the input schema of {tool.name} "
                                 f"({len(schema_errors)} error(s)).",
                                 {"schema_errors": schema_errors, "tool": tool.name})
+        if session.cancel_pending(request_id):  # do not ask the gate (an approver) for nothing
+            raise ProtocolError("cancelled", "The invocation was cancelled.")
         gate_decision = self._gate_check(tool, request_id, request, macro, principal)
         if tool.requires_confirmation and not principal.auto_confirms(tool.side_effects):
             token = request.confirmation_token
@@ -704,6 +706,9 @@ class ManglecpServer:
             send(payload)
 
         session.track_running(request_id, cancel)
+        if cancel.is_set():  # cancelled before it was tracked (queued, validating, at the gate)
+            session.untrack_running(request_id)
+            raise ProtocolError("cancelled", "The invocation was cancelled.")
         send({"status": "started"})
         started = self.clock.monotonic()
         watch = None  # periodic "still running" for long invocations (spec 07 §7)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import threading
 
 from ftl.manglecp.access import Session
-from ftl.manglecp.messages import encode
+from ftl.manglecp.messages import encode, envelope
 from ftl.server.serve import serve_stdio
 
 from .helpers import final, intent, invoke, make_server, tools_by_name
@@ -16,16 +18,32 @@ from .helpers import final, intent, invoke, make_server, tools_by_name
 DEEP = b"[" * 5000 + b"]" * 5000  # ~10 KB; json.loads raises RecursionError on it
 
 
-def _stdio_replies(server, data: bytes) -> list[dict]:
-    """Run the real stdio read loop over ``data``; every line it wrote after the manifest."""
-    out = io.BytesIO()
-    serve_stdio(server, io.BytesIO(data), out)
-    return [json.loads(line) for line in out.getvalue().splitlines()[1:]]
+def _stdio_replies(server, data: bytes, finals: set) -> list[dict]:
+    """Run the real stdio read loop on a pipe, write ``data``, and keep stdin open until a final
+    message for every id in ``finals`` came (EOF would cancel what is still queued); every
+    message written after the manifest."""
+    read_in, write_in = os.pipe()
+    read_out, write_out = os.pipe()
+    with os.fdopen(read_in, "rb") as stdin, os.fdopen(write_out, "wb", buffering=0) as stdout, \
+            os.fdopen(read_out, "rb") as out, os.fdopen(write_in, "wb", buffering=0) as client:
+        loop = threading.Thread(target=serve_stdio, args=(server, stdin, stdout), daemon=True)
+        loop.start()
+        assert json.loads(out.readline())["type"] == "manifest"
+        client.write(data)
+        seen: list[dict] = []
+        while not finals <= {m["id"] for m in seen if m["type"] != "progress"}:
+            line = out.readline()
+            assert line, f"the server stopped writing; seen {seen}"
+            seen.append(json.loads(line))
+        client.close()
+        loop.join(10)
+        assert not loop.is_alive()
+    return seen
 
 
 def test_a_deeply_nested_line_is_answered_and_the_stdio_loop_keeps_reading():
     after = json.dumps(intent("diag", id="after")).encode()
-    replies = _stdio_replies(make_server(), DEEP + b"\n" + after + b"\n")
+    replies = _stdio_replies(make_server(), DEEP + b"\n" + after + b"\n", {None, "after"})
     by_id = {m["id"]: m for m in replies if m["type"] != "progress"}
     assert by_id[None]["type"] == "error"
     assert by_id[None]["payload"]["code"] == "malformed_message"
@@ -59,7 +77,7 @@ def _nan_server(**kwargs):
 def _macro(server, name: str, session_key: str | None = None) -> str:
     """Evaluate the intent offering ``name`` (in the macro cache of ``session_key``: the stdio
     loop's session is "stdio") and return its macro id."""
-    intent_name = "diag" if name == "mandatory_tool" else "levels"
+    intent_name = {"mandatory_tool": "diag", "slow_tool": "tools"}.get(name, "levels")
     reply = server.handle(intent(intent_name), session=Session(key=session_key))[-1]
     return tools_by_name(reply)[name]["macro_id"]
 
@@ -78,7 +96,8 @@ def test_an_unencodable_reply_reaches_the_stdio_client_as_internal_error():
     server = _nan_server(gate=_NanDecisionGate())
     requests = [invoke(_macro(server, "score80", "stdio"), {}, id="nan-result"),
                 invoke(_macro(server, "mandatory_tool", "stdio"), {}, id="nan-decision")]
-    replies = _stdio_replies(server, b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    replies = _stdio_replies(server, b"".join(json.dumps(r).encode() + b"\n" for r in requests),
+                             {"nan-result", "nan-decision"})
     finals = {m["id"]: m for m in replies if m["type"] != "progress"}
     assert set(finals) == {"nan-result", "nan-decision"}
     for message in finals.values():
@@ -113,3 +132,97 @@ def test_a_number_beyond_the_double_range_is_malformed_not_infinity():
     reply = make_server().handle(raw)[-1]
     assert (reply["type"], reply["payload"]["code"]) == ("error", "malformed_message")
     assert "1e400" in reply["payload"]["details"]["violations"][0]["message"]
+
+
+# -- a cancel that arrives before its request is tracked ----------------------------------------
+
+
+class _ApprovalGate:
+    """A gate whose check waits for an approver (the test) before it allows the call."""
+
+    def __init__(self) -> None:
+        self.waiting = threading.Event()
+        self.approve = threading.Event()
+        self.checks = 0
+
+    def visible(self, name):
+        return True
+
+    def check(self, call):
+        self.checks += 1
+        self.waiting.set()
+        assert self.approve.wait(10), "the test never approved"
+
+
+def _recording(server, name: str) -> list:
+    ran: list = []
+    server.catalog[name] = dataclasses.replace(server.catalog[name],
+                                               invoke=lambda args, ctx: ran.append(args) or {"ok": True})
+    return ran
+
+
+def test_a_cancel_sent_while_the_gate_waits_for_approval_cancels_the_invocation():
+    gate = _ApprovalGate()
+    server = make_server(gate=gate)
+    ran = _recording(server, "mandatory_tool")
+    session = Session(key="s")
+    macro = _macro(server, "mandatory_tool", "s")
+    replies: list = []
+    worker = threading.Thread(target=lambda: replies.extend(
+        server.handle(invoke(macro, {}, id="gated-1"), session=session)))
+    worker.start()
+    assert gate.waiting.wait(10)
+    assert server.handle(envelope("cancel", "c-1", {"request_id": "gated-1"}), session=session) == []
+    gate.approve.set()
+    worker.join(10)
+    assert (final(replies)["id"], final(replies)["payload"]["code"]) == ("gated-1", "cancelled")
+    assert ran == []  # the tool never started
+
+    # a cancel that came before the request: the gate is not even asked
+    server.handle(envelope("cancel", "c-2", {"request_id": "gated-2"}), session=session)
+    reply = final(server.handle(invoke(macro, {}, id="gated-2"), session=session))
+    assert reply["payload"]["code"] == "cancelled" and gate.checks == 1 and ran == []
+    # ... and other requests of the session are not affected
+    assert final(server.handle(invoke(macro, {}, id="gated-3"), session=session))["type"] == "invoke_response"
+
+
+def test_stdin_eof_cancels_requests_still_queued_in_the_stdio_pool():
+    server = make_server()
+    ran = _recording(server, "mandatory_tool")
+    slow = _macro(server, "slow_tool", "stdio")
+    queued = _macro(server, "mandatory_tool", "stdio")
+    lines = [invoke(slow, {"seconds": 10}, id="running"), invoke(queued, {}, id="queued")]
+    out = io.BytesIO()
+    # one worker: "queued" waits behind "running" until EOF has cancelled the session
+    serve_stdio(server, io.BytesIO(b"".join(json.dumps(m).encode() + b"\n" for m in lines)), out,
+                max_workers=1)
+    finals = {m["id"]: m for m in map(json.loads, out.getvalue().splitlines()[1:]) if m["type"] != "progress"}
+    assert finals["queued"]["payload"]["code"] == "cancelled" and ran == []
+    assert finals["running"]["type"] in ("invoke_response", "error")
+
+
+def test_early_cancels_are_remembered_for_a_bounded_time_and_number():
+    now = [0.0]
+    session = Session(clock=lambda: now[0])
+    assert session.cancel("later") is False  # not running: remembered
+    assert session.cancel_pending("later") and session.claim_cancel_flag("later").is_set()
+    assert not session.claim_cancel_flag("later").is_set()  # consumed once
+
+    session.cancel("stale")
+    now[0] += Session.EARLY_CANCEL_TTL_S + 1
+    assert not session.cancel_pending("stale") and not session.claim_cancel_flag("stale").is_set()
+
+    for n in range(Session.EARLY_CANCEL_LIMIT + 5):
+        session.cancel(f"r{n}")
+    event = threading.Event()
+    session.track_running("r0", event)  # the oldest ids were dropped past the limit
+    assert not event.is_set()
+    session.track_running(f"r{Session.EARLY_CANCEL_LIMIT + 4}", event)
+    assert event.is_set()
+
+    mine = threading.Event()
+    session.give_cancel("given", mine)
+    session.cancel_all()
+    flag = session.claim_cancel_flag("given")
+    assert flag.is_set() and not mine.is_set()  # a caller's own event is never set by the session
+
