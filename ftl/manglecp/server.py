@@ -52,6 +52,7 @@ from ftl.manglecp.messages import (
     to_ftl_error)
 from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
+from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
 
 # The server's own names, then the names re-exported from the modules split out of this one.
 __all__ = [
@@ -400,11 +401,11 @@ class ManglecpServer:
         except FtlError as exc:
             row = exc.kind
             log.info("gate refused %s: %s (%s)", tool.name, exc.error_type, exc.details)
-            details = {**exc.safe_details(), "error_type": exc.error_type}
+            details = {**sanitize_value(exc.safe_details()), "error_type": exc.error_type}
             gate = row.gate or exc.details.get("gate")
             if gate:
-                details["gate"] = gate
-            raise ProtocolError(row.manglecp_code, exc.message, details,
+                details["gate"] = sanitize_text(str(gate), 256)
+            raise ProtocolError(row.manglecp_code, _safe_message(exc), details,
                                 retry_after_ms=exc.retry_after_ms, recoverable=row.recoverable) from None
         except Exception:
             correlation_id = uuid.uuid4().hex[:12]
@@ -723,8 +724,8 @@ class ManglecpServer:
                 raise ProtocolError("cancelled", "The invocation was cancelled.") from None
             log.info("tool %s failed with %s (correlation id %s): %s", tool.name, exc.error_type,
                      correlation_id, exc.details)
-            details = {**exc.safe_details(), "error_type": exc.error_type}
-            raise ProtocolError(exc.kind.manglecp_code, exc.message, details,
+            details = {**sanitize_value(exc.safe_details()), "error_type": exc.error_type}
+            raise ProtocolError(exc.kind.manglecp_code, _safe_message(exc), details,
                                 retry_after_ms=exc.retry_after_ms, recoverable=exc.kind.recoverable) from None
         except Exception:
             if cancel.is_set():
@@ -846,6 +847,17 @@ class ManglecpServer:
             log.error("%s produced an invalid retract pattern for %r", tool_name, pred)
             return None
         return {"pred": pred, "args": list(args)}
+
+
+def _safe_message(error: FtlError) -> str:
+    """The client-facing message of a tool's or a gate's `FtlError`, by the same rule as the
+    JSON-RPC and response-v2 surfaces (design §7: internals only in the server log): a message
+    carrying a traceback, SQL or policy text becomes the registry row's template; then secrets
+    are scrubbed, absolute paths cut and the text capped (`ftl.sanitize.sanitize_text`)."""
+    text = str(error.message or "")
+    if looks_internal(text):
+        text = error.template_message()
+    return sanitize_text(text) or error.error_type
 
 
 def _encodable(value: Any) -> bool:

@@ -9,8 +9,10 @@ import json
 import os
 import threading
 
+from ftl.errors import FtlError
 from ftl.manglecp.access import Session
 from ftl.manglecp.messages import encode, envelope
+from ftl.sanitize import sanitize_text
 from ftl.server.serve import serve_stdio
 
 from .helpers import final, intent, invoke, make_server, tools_by_name
@@ -226,3 +228,43 @@ def test_early_cancels_are_remembered_for_a_bounded_time_and_number():
     flag = session.claim_cancel_flag("given")
     assert flag.is_set() and not mine.is_set()  # a caller's own event is never set by the session
 
+
+# -- error replies are sanitised like the JSON-RPC and response-v2 surfaces ---------------------
+
+TOKEN = "ghp_abcdefghijklmnopqrstuvwxyz0123456789"
+LEAKY = FtlError("idiom_violation",
+                 {"seq": "001", "idiom": "no-print", "where": "/home/alice/secret-repo/src/a.py:3",
+                  "violations": [{"file": "/home/alice/secret-repo/src/a.py", "token": TOKEN}]},
+                 message='Traceback (most recent call last):\n  File "/home/alice/secret-repo/x.py", line 1')
+
+
+class _RefusingGate:
+    def visible(self, name):
+        return True
+
+    def check(self, call):
+        raise FtlError("policy_denied", {"gate": "policy", "tool": call["tool"],
+                                         "reason": f"denied for /home/alice/secret-repo with {TOKEN}"},
+                       message=f"Refused: policy /etc/ftl/policy.cedar said no ({TOKEN})")
+
+
+def _raise(exc):
+    def invoke(args, ctx):
+        raise exc
+    return invoke
+
+
+def test_tool_and_gate_errors_are_sanitised_on_the_manglecp_surface():
+    server = make_server()
+    server.catalog["mandatory_tool"] = dataclasses.replace(server.catalog["mandatory_tool"], invoke=_raise(LEAKY))
+    tool_error = final(server.handle(invoke(_macro(server, "mandatory_tool"), {}, id="leak-1")))
+    gated = make_server(gate=_RefusingGate())
+    gate_error = final(gated.handle(invoke(_macro(gated, "mandatory_tool"), {}, id="leak-2")))
+    for reply in (tool_error, gate_error):
+        text = json.dumps(reply)
+        assert reply["type"] == "error" and "Traceback" not in text
+        assert TOKEN not in text and "/home/alice" not in text and "/etc/ftl" not in text, text
+    assert tool_error["payload"]["message"] == sanitize_text(LEAKY.template_message())
+    assert tool_error["payload"]["details"]["error_type"] == "idiom_violation"
+    assert tool_error["payload"]["details"]["idiom"] == "no-print"  # safe details stay
+    assert gate_error["payload"]["details"]["gate"] == "policy"
