@@ -7,7 +7,11 @@ import dataclasses
 import io
 import json
 import os
+import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 from ftl.errors import FtlError
 from ftl.manglecp.access import Session
@@ -268,3 +272,36 @@ def test_tool_and_gate_errors_are_sanitised_on_the_manglecp_surface():
     assert tool_error["payload"]["details"]["error_type"] == "idiom_violation"
     assert tool_error["payload"]["details"]["idiom"] == "no-print"  # safe details stay
     assert gate_error["payload"]["details"]["gate"] == "policy"
+
+
+# -- the client side: a misbehaving server never crashes or hangs the client ---------------------
+
+MISBEHAVING = str(Path(__file__).with_name("misbehaving_server.py"))
+
+
+@pytest.fixture(scope="module")
+def manifest_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("manifest") / "manifest.json"
+    path.write_bytes(encode(make_server().manifest()))
+    return str(path)
+
+
+def _client(mode: str, manifest_file: str, **kwargs):
+    from ftl.manglecp.client import ManglecpClient
+    from ftl.manglecp.transport import StdioTransport
+
+    transport = StdioTransport([sys.executable, MISBEHAVING, mode, manifest_file], close_timeout_s=5)
+    return ManglecpClient(transport, **kwargs)
+
+
+def test_bad_server_lines_do_not_kill_the_stdio_reader(manifest_file):
+    sleeps: list[float] = []
+    client = _client("junk", manifest_file, sleep=sleeps.append, request_timeout_s=10)
+    try:
+        for _ in range(2):  # the reader is still there for the next request
+            with pytest.raises(FtlError) as exc:
+                client.evaluate("diag", [])
+            assert (exc.value.error_type, exc.value.message) == ("internal_error", "the real reply")
+        assert client.transport._reader.is_alive()
+    finally:
+        client.close()
