@@ -305,3 +305,37 @@ def test_bad_server_lines_do_not_kill_the_stdio_reader(manifest_file):
         assert client.transport._reader.is_alive()
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("mode", ["retry-text", "retry-huge"])
+def test_bad_retry_hints_fall_back_to_the_backoff_and_are_capped(manifest_file, mode):
+    sleeps: list[float] = []
+    client = _client(mode, manifest_file, sleep=sleeps.append, backoff_base_ms=100, backoff_max_ms=1000)
+    try:
+        with pytest.raises(FtlError) as exc:
+            client.evaluate("diag", [])
+    finally:
+        client.close()
+    assert (exc.value.error_type, exc.value.message) == ("internal_error", "gave up")
+    # "soon" is no hint: the backoff alone (0.1 s, 0.2 s); 1e12 ms is capped at backoff_max_ms
+    assert sleeps == ([0.1, 0.2] if mode == "retry-text" else [1.0, 1.0])
+
+
+def test_an_infinite_retry_hint_is_dropped_not_an_overflow(manifest_file):
+    client = _client("infinite-hint", manifest_file, sleep=lambda s: None)
+    try:
+        with pytest.raises(FtlError) as exc:
+            client.evaluate("diag", [])
+    finally:
+        client.close()
+    assert exc.value.error_type == "execution_failed" and exc.value.retry_after_ms is None
+
+
+def test_retry_hints_are_validated_when_an_error_payload_is_read():
+    from ftl.manglecp.messages import to_ftl_error
+
+    for hint in ("soon", float("inf"), float("nan"), -5, True, [1]):
+        assert to_ftl_error({"code": "rate_limited", "message": "x", "recoverable": True,
+                             "retry_after_ms": hint}).retry_after_ms is None
+    assert to_ftl_error({"code": "rate_limited", "message": "x", "recoverable": True,
+                         "retry_after_ms": 1500.7}).retry_after_ms == 1500
