@@ -18,6 +18,7 @@ import queue
 import os
 import subprocess
 import threading
+import time
 import urllib.parse
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -327,20 +328,21 @@ class StdioTransport(Transport):
                 cancel: threading.Event | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         request_id = str(message.get("id"))
         box = self._boxes.open(request_id)
-        waited = 0.0
+        # A monotonic deadline, not a count of empty polls: a server that keeps sending
+        # progress must still time out.
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         cancel_sent = False
         try:
             self.send(message)
             while True:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _reply_timeout(timeout_s)
                 try:
                     reply = box.get(timeout=_POLL_S)
                 except queue.Empty:
-                    waited += _POLL_S
                     if cancel is not None and cancel.is_set() and not cancel_sent:
                         cancel_sent = True
                         self.send(cancel_message(request_id))
-                    if timeout_s is not None and waited >= timeout_s:
-                        raise _reply_timeout(timeout_s) from None
                     continue
                 if reply is None:
                     raise _network_error(self._boxes.closed_reason or "the server went away")

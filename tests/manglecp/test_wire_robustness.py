@@ -339,3 +339,13 @@ def test_retry_hints_are_validated_when_an_error_payload_is_read():
                              "retry_after_ms": hint}).retry_after_ms is None
     assert to_ftl_error({"code": "rate_limited", "message": "x", "recoverable": True,
                          "retry_after_ms": 1500.7}).retry_after_ms == 1500
+
+
+def test_a_server_that_only_sends_progress_still_times_out(manifest_file):
+    client = _client("chatty", manifest_file, sleep=lambda s: None, request_timeout_s=0.3)
+    try:
+        with pytest.raises(FtlError) as exc:
+            client.evaluate("diag", [])  # progress every 20 ms for 3 s, then an error
+    finally:
+        client.close()
+    assert exc.value.error_type == "timeout" and exc.value.details["timeout_s"] == 0.3
