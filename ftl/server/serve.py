@@ -112,6 +112,9 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
                 continue
             if not line.strip():
                 continue
+            # The message is the line without its end: a message of exactly `limit` bytes
+            # MUST be accepted (spec 02 §3.4), so the newline must not count.
+            line = line.rstrip(b"\r\n")
             try:
                 if len(line) < _PEEK_BYTES and _is_cancel(line):
                     run(line)  # inline: a cancel must not queue behind the requests it cancels

@@ -7,6 +7,7 @@ import dataclasses
 import io
 import json
 import os
+import queue
 import sys
 import threading
 from pathlib import Path
@@ -30,17 +31,22 @@ def _stdio_replies(server, data: bytes, finals: set) -> list[dict]:
     message written after the manifest."""
     read_in, write_in = os.pipe()
     read_out, write_out = os.pipe()
-    with os.fdopen(read_in, "rb") as stdin, os.fdopen(write_out, "wb", buffering=0) as stdout, \
-            os.fdopen(read_out, "rb") as out, os.fdopen(write_in, "wb", buffering=0) as client:
+    # Closed in this order on the way out (client, server side, then ours): the reading
+    # threads see EOF before their stream is closed under them.
+    with os.fdopen(read_out, "rb") as out, os.fdopen(read_in, "rb") as stdin, \
+            os.fdopen(write_out, "wb", buffering=0) as stdout, os.fdopen(write_in, "wb", buffering=0) as client:
         loop = threading.Thread(target=serve_stdio, args=(server, stdin, stdout), daemon=True)
         loop.start()
-        assert json.loads(out.readline())["type"] == "manifest"
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: [lines.put(line) for line in out], daemon=True).start()
+        assert json.loads(lines.get(timeout=10))["type"] == "manifest"
         client.write(data)
         seen: list[dict] = []
         while not finals <= {m["id"] for m in seen if m["type"] != "progress"}:
-            line = out.readline()
-            assert line, f"the server stopped writing; seen {seen}"
-            seen.append(json.loads(line))
+            try:
+                seen.append(json.loads(lines.get(timeout=10)))
+            except queue.Empty:
+                raise AssertionError(f"no final message for all of {finals} in 10 s; seen {seen}") from None
         client.close()
         loop.join(10)
         assert not loop.is_alive()
@@ -349,3 +355,19 @@ def test_a_server_that_only_sends_progress_still_times_out(manifest_file):
     finally:
         client.close()
     assert exc.value.error_type == "timeout" and exc.value.details["timeout_s"] == 0.3
+
+
+def test_a_message_of_exactly_the_limit_is_accepted_over_stdio_and_one_byte_more_is_not():
+    server = make_server()
+    limit = server.limits.max_message_bytes  # 16 MiB: spec 02 §3.4 says this size MUST pass
+    lines = []
+    for request_id, size in (("at-limit", limit), ("over-limit", limit + 1)):
+        message = intent("diag", id=request_id)
+        message["payload"]["x-pad"] = ""
+        message["payload"]["x-pad"] = "a" * (size - len(encode(message)))
+        lines.append(encode(message))
+        assert len(lines[-1]) == size
+    replies = _stdio_replies(server, b"\n".join(lines) + b"\n", {"at-limit", None})
+    finals = {m["id"]: m for m in replies if m["type"] != "progress"}
+    assert finals["at-limit"]["type"] == "intent_response"
+    assert finals[None]["payload"]["code"] == "message_too_large"
