@@ -460,7 +460,8 @@ class ManglecpServer:
                                     {"violations": [{"path": "/payload/eval_time",
                                                      "message": "'_' is not a point in time"}]})
             eval_time_ms = now_ms if parsed == "now" else int(parsed)
-            eval_time_used = request.eval_time
+            # "now" is echoed as the time it stood for (spec 05: the server's clock)
+            eval_time_used = format_time(eval_time_ms) if parsed == "now" else request.eval_time
         # The predicates present, at C speed: the passes below run only when they apply
         # (a request may carry 10,000 facts; issue 11 item 5).
         present = set(map(itemgetter(0), facts))

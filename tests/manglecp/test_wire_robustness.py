@@ -16,11 +16,12 @@ import pytest
 
 from ftl.errors import FtlError
 from ftl.manglecp.access import Session
+from ftl.manglecp.facts import format_time
 from ftl.manglecp.messages import encode, envelope
 from ftl.sanitize import sanitize_text
 from ftl.server.serve import serve_stdio
 
-from .helpers import final, intent, invoke, make_server, tools_by_name
+from .helpers import FakeClock, final, intent, invoke, make_server, tools_by_name
 
 DEEP = b"[" * 5000 + b"]" * 5000  # ~10 KB; json.loads raises RecursionError on it
 
@@ -371,3 +372,11 @@ def test_a_message_of_exactly_the_limit_is_accepted_over_stdio_and_one_byte_more
     finals = {m["id"]: m for m in replies if m["type"] != "progress"}
     assert finals["at-limit"]["type"] == "intent_response"
     assert finals[None]["payload"]["code"] == "message_too_large"
+
+
+def test_eval_time_now_reports_the_time_used_not_the_word():
+    clock = FakeClock()
+    reply = make_server(clock=clock).handle(intent("diag", eval_time="now"))[-1]
+    assert reply["payload"]["eval_time_used"] == format_time(int(clock.time() * 1000))
+    given = "2026-02-19T14:08:00Z"  # a time the client gave is echoed as given (conformance 37)
+    assert make_server().handle(intent("diag", eval_time=given))[-1]["payload"]["eval_time_used"] == given
