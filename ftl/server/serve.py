@@ -236,7 +236,17 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
         if media not in ("application/json", "application/manglecp+json"):
             return reply(make_error("malformed_message", "Send the message as application/json.",
                                     {"violations": [{"path": "/", "message": f"content type {media!r}"}]}))
-        body = await request.body()
+        # Read at most limit + 1 bytes: a body sent without Content-Length (chunked) is refused
+        # as soon as it passes the limit, never buffered whole.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return reply(make_error("message_too_large", f"The message is larger than {limit} bytes.",
+                                        {"limit_bytes": limit, "size_bytes": size}))
+        body = b"".join(chunks)
         try:
             env = parse_message(body, max_bytes=limit)
         except ProtocolError as exc:

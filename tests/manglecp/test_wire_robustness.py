@@ -380,3 +380,32 @@ def test_eval_time_now_reports_the_time_used_not_the_word():
     assert reply["payload"]["eval_time_used"] == format_time(int(clock.time() * 1000))
     given = "2026-02-19T14:08:00Z"  # a time the client gave is echoed as given (conformance 37)
     assert make_server().handle(intent("diag", eval_time=given))[-1]["payload"]["eval_time_used"] == given
+
+
+def test_an_http_body_without_content_length_is_refused_once_it_passes_the_limit():
+    import anyio
+
+    from ftl.server.serve import create_app
+
+    server = make_server()
+    limit = server.limits.max_message_bytes
+    chunk, total = 1 << 20, 4 * limit // (1 << 20)
+    received, sent = [], []
+
+    # The ASGI calls a server makes for a chunked POST (no Content-Length to refuse it up
+    # front); the test client of starlette would read the whole body before the app sees it.
+    async def receive():
+        received.append(1)
+        return {"type": "http.request", "body": b" " * chunk, "more_body": len(received) < total}
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/manglecp/evaluate", "raw_path": b"/manglecp/evaluate",
+             "query_string": b"", "root_path": "", "headers": [(b"content-type", b"application/json")],
+             "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8765)}
+    anyio.run(create_app(server), scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert json.loads(sent[1]["body"])["payload"]["code"] == "message_too_large"
+    assert len(received) <= limit // chunk + 1  # reading stopped just past the limit, not at 64 MiB
