@@ -4,7 +4,8 @@ stdio (MangleCP spec 02 §5.3): the manifest is the first stdout line (status ``
 evaluation worker is warm, then an updated ``ready`` manifest), one JSON message per line in both
 directions, requests handled concurrently, ``cancel`` honoured, logs only on stderr (fd 1 is
 redirected to stderr for everything but the protocol, so no library or child process can corrupt
-the stream), exit on stdin EOF after cancelling running invocations.
+the stream), exit on stdin EOF after cancelling running and queued invocations (their
+`cancelled` replies still flush).
 
 HTTP (spec 02 §4.2): ``GET /.well-known/manglecp/manifest.json``, ``POST /manglecp/evaluate`` and
 ``/manglecp/invoke`` (also ``/evaluate`` and ``/invoke``), the spec 09 status code per error,
