@@ -8,7 +8,7 @@
 * ``retry-text`` / ``retry-huge``: ``rate_limited`` with ``retry_after_ms`` "soon" / 1e12 while
   fewer than 3 requests came, then ``internal_error``;
 * ``infinite-hint``: ``execution_failed`` with ``retry_after_ms`` 1e400 (reads as infinity);
-* ``chatty``: ``progress`` every 20 ms for 3 s, then ``internal_error``.
+* ``chatty``: ``progress`` every 20 ms for 1.5 s, then ``internal_error``.
 
 Only the standard library loads here, so the process starts in tens of ms.
 """
@@ -58,7 +58,7 @@ def main(mode: str, manifest_file: str) -> None:
         elif mode == "infinite-hint":
             send(error(request_id, "execution_failed", "failed", False, "1e400"))
         elif mode == "chatty":
-            for _ in range(150):
+            for _ in range(75):
                 send(json.dumps({"type": "progress", "id": request_id, "manglecp": VERSION,
                                  "payload": {"status": "running"}}))
                 time.sleep(0.02)

@@ -293,11 +293,12 @@ def manifest_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def _client(mode: str, manifest_file: str, **kwargs):
+def _client(mode: str, manifest_file: str, close_timeout_s: float = 5.0, **kwargs):
     from ftl.manglecp.client import ManglecpClient
     from ftl.manglecp.transport import StdioTransport
 
-    transport = StdioTransport([sys.executable, MISBEHAVING, mode, manifest_file], close_timeout_s=5)
+    transport = StdioTransport([sys.executable, MISBEHAVING, mode, manifest_file],
+                               close_timeout_s=close_timeout_s)
     return ManglecpClient(transport, **kwargs)
 
 
@@ -349,10 +350,12 @@ def test_retry_hints_are_validated_when_an_error_payload_is_read():
 
 
 def test_a_server_that_only_sends_progress_still_times_out(manifest_file):
-    client = _client("chatty", manifest_file, sleep=lambda s: None, request_timeout_s=0.3)
+    # close_timeout_s: the fake server does not stop talking on EOF; kill it rather than wait
+    client = _client("chatty", manifest_file, close_timeout_s=0.2, sleep=lambda s: None,
+                     request_timeout_s=0.3)
     try:
         with pytest.raises(FtlError) as exc:
-            client.evaluate("diag", [])  # progress every 20 ms for 3 s, then an error
+            client.evaluate("diag", [])  # progress every 20 ms for 1.5 s, then an error
     finally:
         client.close()
     assert exc.value.error_type == "timeout" and exc.value.details["timeout_s"] == 0.3
