@@ -55,9 +55,9 @@ class ExecutorSettings(BaseModel):
     kind: Literal["local", "ray"] = Field("local", description="local | ray.")
     address: str = Field("auto", min_length=1, description="Ray cluster address (kind = ray).")
     lost_after_s: float = Field(15.0, gt=0, le=50, description=(
-        "kind = ray: how long the head may refuse connections before the cluster counts as "
-        "lost and the run stops, resumable (s; under Ray's own 60 s, after which its driver "
-        "ends the process)."))
+        "kind = ray: how long the head may refuse connections, or have no live node with "
+        "CPUs while attempts wait for one, before the cluster counts as lost and the run "
+        "stops, resumable (s; under Ray's own 60 s, after which its driver ends the process)."))
 
 
 class Config(BaseModel):

@@ -155,7 +155,7 @@ def _last_line_start(handle: Any, size: int) -> int:
 def _is_record(raw: bytes) -> bool:
     try:
         return isinstance(json.loads(raw), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line nested past Python's limit
         return False
 
 
@@ -201,7 +201,7 @@ def _parse(raw: bytes, number: int, report: ReadReport, *, last: bool) -> dict[s
         if not isinstance(event, dict):
             raise ValueError("not an object")
         return event
-    except ValueError:
+    except (ValueError, RecursionError):
         if last and not raw.endswith(b"\n"):
             report.torn_tail = True
         else:
@@ -231,7 +231,7 @@ def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
                 continue
             try:
                 event = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(event, dict):
                 continue

@@ -61,7 +61,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ftl import dag
 from ftl import events as ev
@@ -216,6 +216,13 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
         build_result.update(files_changed=changed, change_detection="git-commit",
                             out_of_scope=out_of_scope(changed, [*task.delta, *task.creates],
                                                       tree.path))
+    def blocked(error: FtlError) -> TaskOutcome:
+        # The build ran (and an agent's was paid for): its cost stays on the blocked row.
+        cost = {key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
+        if cost and not error.details.get("agent_cost"):
+            error.details["agent_cost"] = cost
+        return _block(run, workspace, error)
+
     if (built is None or tree is not None) and not staged:
         scope = build_result.get("out_of_scope") or []
         if scope:
@@ -224,7 +231,7 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
                                      + ", ".join(scope[:5]))
             error.emitted = False
             _emit_failure(run, error, tool=builder, seq=seq)
-            return _block(run, workspace, error)
+            return blocked(error)
     if built is None and round_ == 1:  # a re-run's build is not a second checkpoint
         run.store.finish_workspace(run.campaign_id, workspace.workspace_id, workspace.attempt,
                                    "built", _trim(build_result))
@@ -232,7 +239,7 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     if violations:
         error = violation_error(seq, violations)
         _emit_failure(run, error, tool="idiom_check", seq=seq)
-        return _block(run, workspace, error)
+        return blocked(error)
     workdir = tree.workdir if tree is not None else None
     try:
         verify = run.recovery.run(
@@ -242,7 +249,7 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     except FtlError as error:
         if cancel.is_set():
             return TaskOutcome(seq, "cancelled", {})
-        return _block(run, workspace, error)
+        return blocked(error)
     return build_result, verify
 
 
@@ -551,21 +558,34 @@ class _ClaudeTries:
         run, limits = self.run, self.run.agent_limits
         limits.spend.seed_once(lambda: sum(
             item["cost_usd"] for item in agent_spend(run.store.workspaces(run.campaign_id)).values()))
-        if limits.spend.reached(run.config.max_cost_usd):
-            raise FtlError("budget_exhausted", {"seq": self.seq, "budget": run.config.max_cost_usd},
-                           message=f"Task {self.seq} not started: the campaign's agent spend "
-                                   f"${limits.spend.total_usd:.2f} reached max_cost_usd "
-                                   f"${run.config.max_cost_usd:.2f}.")
+        self._check_spend()
         args: dict[str, Any] = {"workspace": spec, "exclude_paths": exclude}
         if self.resume:
             args["resume_session_id"] = self.resume
+        refused: list[FtlError] = []
+
+        def start(announce: Callable[[], None]) -> None:
+            # Checked again once the gate opens: agents that ran while this start waited may
+            # have reached the spend limit meanwhile.
+            try:
+                self._check_spend()
+            except FtlError as error:
+                refused.append(error)
+                return
+            announce()
+
         # The start waits while the rate gate is closed; its TOOL_CALL is written under the
         # gate's lock, so no start is ever logged after a close it did not wait out.
-        result = run.tools.call(BUILD_INTENT, facts, "claude_builder", args,
-                                state=run.machine_state, seq=self.seq, cancel=self.cancel,
-                                admit=lambda announce: limits.gate.wait(
-                                    self.cancel, emit=run.log.emit, state=run.machine_state,
-                                    then=announce))
+        try:
+            result = run.tools.call(BUILD_INTENT, facts, "claude_builder", args,
+                                    state=run.machine_state, seq=self.seq, cancel=self.cancel,
+                                    admit=lambda announce: limits.gate.wait(
+                                        self.cancel, emit=run.log.emit, state=run.machine_state,
+                                        then=lambda: start(announce)))
+        except FtlError:
+            if refused:
+                raise refused[0] from None
+            raise
         self._add_cost(result)
         if result.get("error_type") == "rate_limited":
             reopens = result.get("reopens_at")
@@ -585,6 +605,15 @@ class _ClaudeTries:
                 error.details["budget"] = spec.get("budget")
             raise error
         return {**result, **self.cost}
+
+    def _check_spend(self) -> None:
+        """Raise FtlError(budget_exhausted) when the campaign's agent spend reached max_cost_usd."""
+        run, spend = self.run, self.run.agent_limits.spend
+        if spend.reached(run.config.max_cost_usd):
+            raise FtlError("budget_exhausted", {"seq": self.seq, "budget": run.config.max_cost_usd},
+                           message=f"Task {self.seq} not started: the campaign's agent spend "
+                                   f"${spend.total_usd:.2f} reached max_cost_usd "
+                                   f"${run.config.max_cost_usd:.2f}.")
 
     def _add_cost(self, result: dict[str, Any]) -> None:
         cost = self.cost

@@ -105,6 +105,7 @@ def run_dag(run: Run, *, jobs: int) -> dict[str, TaskOutcome]:
     scheduler = Scheduler(deps, jobs=jobs, run_task=lambda seq, token, worker: run_task(run, seq, token, worker),
                           on_start=on_start, on_finish=on_finish, done=done, blocked=blocked,
                           priority=critical_path_priority(deps, durations), cancel=token,
+                          interrupt=run.interrupt,
                           executor=cluster.executor(on_lost=token.cancel) if cluster is not None else None)
     try:
         outcomes = scheduler.run()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timedelta, timezone
 
-from ftl.executors.agent_limits import DEFAULT_PAUSE_S, RateGate, SpendLimit
+from ftl.executors.agent_limits import DEFAULT_PAUSE_S, DEFAULT_USAGE_PAUSE_S, RateGate, SpendLimit
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=timezone.utc)
 
@@ -63,6 +63,9 @@ def test_a_later_limit_extends_the_gate_an_earlier_one_does_not() -> None:
 def test_a_limit_without_a_time_pauses_for_the_default() -> None:
     gate, _, events = _gate()
     assert gate.close(None, emit=_emit(events)) == T0 + timedelta(seconds=DEFAULT_PAUSE_S)
+    # A plan's usage limit lasts hours: a minute's pause would send every sibling into it.
+    usage = gate.close(None, emit=_emit(events), limit_kind="usage_limit")
+    assert usage == T0 + timedelta(seconds=DEFAULT_USAGE_PAUSE_S) and DEFAULT_USAGE_PAUSE_S >= 1800
 
 
 def test_a_cancel_ends_the_wait() -> None:
@@ -91,3 +94,35 @@ def test_a_resume_seeds_the_spend_of_earlier_runs_once() -> None:
     spend.seed_once(lambda: 100.0)  # only the first counts
     spend.add(0.25)
     assert spend.total_usd == 1.0 and spend.reached(1.0)
+
+
+def test_a_start_that_waited_at_the_gate_checks_the_spend_again_when_it_opens() -> None:
+    # Agents that ran while this start waited took the spend to the limit: it must not start.
+    from types import SimpleNamespace
+
+    from ftl.errors import FtlError
+    from ftl.executors.agent_limits import AgentLimits
+    from ftl.states.build import _ClaudeTries
+
+    limits, events, invoked = AgentLimits(), [], []
+
+    def call(intent, facts, tool, args, *, state, seq, cancel, admit):
+        limits.spend.add(5.0)  # the siblings' cost, paid while this start waited
+        announced: list[bool] = []
+        admit(lambda: announced.append(True))
+        if not announced:
+            raise FtlError("cancelled", {"what": f"{tool} for task {seq}"})
+        invoked.append(seq)
+        return {"status": "complete"}
+
+    run = SimpleNamespace(agent_limits=limits, config=SimpleNamespace(max_cost_usd=4.0),
+                          store=SimpleNamespace(workspaces=lambda cid: []), campaign_id="c",
+                          log=SimpleNamespace(emit=_emit(events)), machine_state="EXECUTE",
+                          tools=SimpleNamespace(call=call))
+    try:
+        _ClaudeTries(run, "003", threading.Event()).build([], {"budget": 1}, [])
+    except FtlError as error:
+        assert error.error_type == "budget_exhausted" and "max_cost_usd" in error.message
+    else:
+        raise AssertionError("the start went ahead past the spend limit")
+    assert invoked == []

@@ -97,7 +97,8 @@ def _campaign(tmp_path: Path, tasks: list[dict], scenarios: dict, toml: str = ""
         f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n{claude_toml}\n")
     plan = {"objective": "stand-in campaign", "tasks": [
         {"seq": t["seq"], "slug": t["slug"], "creates": [f"app/{t['slug']}.py"], "budget": 1,
-         "verify": f"test -f app/{t['slug']}.py", "depends": "none"} for t in tasks]}
+         "verify": t.get("verify", f"test -f app/{t['slug']}.py"), "depends": "none"}
+        for t in tasks]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     for args in (["init", "-q", "-b", "main"], ["add", "-A"],
                  ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base"]):
@@ -180,3 +181,16 @@ def test_claude_as_planner_clarify_then_plan_with_its_cost(tmp_path: Path) -> No
     assert [r["slug"] for r in runs] == ["planner", "planner", "planned"]
     assert runs[0]["argv"][runs[0]["argv"].index("--agent") + 1] == "ftl:planner"
     assert runs[0]["argv"][runs[0]["argv"].index("--max-turns") + 1] == "30"
+
+
+def test_a_build_that_fails_its_verify_keeps_its_cost(tmp_path: Path) -> None:
+    # The agent was paid for whatever came after it: a block on verify keeps the build's cost
+    # in the store, so status, the postmortem and a resumed run's spend limit count it.
+    code, repo, runs = _campaign(tmp_path, [{"seq": "001", "slug": "half", "verify": "false"}], {})
+    assert code == 3 and len(runs) == 1
+    status = subprocess.run([ENV["FTL_BIN"], "campaign", "status", "--repo", str(repo), "--json"],
+                            capture_output=True, text=True, check=True, env=ENV)
+    (task,) = json.loads(status.stdout)["data"]["tasks"]
+    end = next(e for e in _events(repo) if e["event"] == "TASK_END")
+    assert task["status"] == "blocked" and end["total_cost_usd"] > 0
+    assert task["cost_usd"] == end["total_cost_usd"]

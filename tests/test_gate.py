@@ -357,12 +357,28 @@ def test_file_approval_reads_the_decision_for_its_request_id(tmp_path: Path) -> 
     assert decision.outcome == "approved" and decision.approver == "file:alice"
     assert pending_seen[0]["context"]["seq"] == "007"
     assert not (tmp_path / ".ftl" / "approvals.json.pending" / f"{decision.request_id}.json").exists()
-    # Same call, same request id: the recorded decision answers at once.
-    assert gk.check(call(seq="007")).request_id == decision.request_id
-    decisions.write_text(json.dumps({decision.request_id: "reject"}))
+    # One approval per request (ThoughtGate): the same call again is a new request, which the
+    # recorded decision does not answer; it waits for its own, and times out without one.
+    clock.on_sleep = lambda polls: None
+    assert refusal(gk, call(seq="007")).error_type == "approval_timeout"
+
+    def answering(word: str):
+        def approver(polls: int) -> None:
+            for pending in (tmp_path / ".ftl" / "approvals.json.pending").glob("*.json"):
+                decisions.write_text(json.dumps({pending.stem: word}))
+        return approver
+
+    clock.on_sleep = answering("reject")
     assert refusal(gk, call(seq="007")).error_type == "approval_rejected"
-    decisions.write_text(json.dumps({decision.request_id: "maybe"}))   # unknown -> fail closed
+    clock.on_sleep = answering("maybe")  # unknown -> fail closed
     assert refusal(gk, call(seq="007")).error_type == "approval_rejected"
+
+
+def test_an_approval_request_id_is_new_for_every_request_and_names_what_is_shown() -> None:
+    first, second = (Call.parse(call(seq="007")).request_id() for _ in range(2))
+    assert first != second and first.split("-")[1] == second.split("-")[1]
+    other = Call.parse({**call(seq="007"), "side_effects": ["exec", "delete"]})
+    assert other.request_id().split("-")[1] != first.split("-")[1]  # side effects are in it
 
 
 def test_half_written_decision_file_is_polled_again(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -172,6 +173,38 @@ def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path) -> None:
     assert all(t["status"] != "running" for t in store.tasks(campaign["id"]))
     resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
     assert resumed.returncode == 0, resumed.stderr
+    for i in range(1, 7):
+        assert (tmp_path / "markers" / f"{i:03d}").read_text().splitlines() == ["done"]
+    assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
+
+
+def test_an_interrupt_from_another_thread_stops_the_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    # What an MCP client's cancel of campaign_run does: the runner's interrupt event, set from
+    # another thread, cancels the running tasks and ends the run cancelled and resumable.
+    repo, gate = git_repo(tmp_path / "repo"), tmp_path / "resumed"
+    plan = json.loads(_marker_plan(tmp_path, count=6, sleep_s=5.0, gate=gate).read_text())
+    interrupt = threading.Event()
+    starts: list[str] = []
+
+    def on_event(event: dict) -> None:
+        if event["event"] == "TASK_START":
+            starts.append(event["task_seq"])
+            if len(starts) == 2:
+                threading.Timer(0.2, interrupt.set).start()
+
+    began = time.monotonic()
+    with Runner(repo, Config(jobs=2, retry_backoff_min_s=0), on_event=on_event,
+                interrupt=interrupt) as runner:
+        result = runner.start("count completions", plan_input=plan)
+    assert result.outcome == "cancelled" and result.exit_code == 130
+    assert time.monotonic() - began < 5.0  # the 5 s sleeps were stopped, not waited out
+    events = events_of(repo)
+    assert events[-1]["event"] == "RUN_END" and events[-1]["resumable"] is True
+    assert [e["status"] for e in events if e["event"] == "TASK_END"] == ["cancelled", "cancelled"]
+    assert "CASCADE" not in [e["state"] for e in events if e["event"] == "STATE_ENTRY"]
+    gate.touch()
+    with Runner(repo, Config(jobs=2)) as runner:
+        assert runner.resume().outcome == "complete"
     for i in range(1, 7):
         assert (tmp_path / "markers" / f"{i:03d}").read_text().splitlines() == ["done"]
     assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []

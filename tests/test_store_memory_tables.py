@@ -149,6 +149,26 @@ def test_rows_of_the_first_memory_table_are_copied_once(tmp_path: Path) -> None:
         assert [e["name"] for e in store.memory_entries()] == ["lazy"]
 
 
+def test_an_old_entry_holding_nan_migrates_and_new_nan_is_refused(tmp_path: Path) -> None:
+    # Older code wrote JSON text with NaN in it, which SQLite's JSON functions call malformed:
+    # the migration kept failing and the store read as corrupt. Such an entry now migrates
+    # (its text kept), and no new column text can hold NaN.
+    db = tmp_path / "ftl.db"
+    conn = schema_4_file(db)
+    legacy_row(conn, "nan-cost", "failure", {"fix": "retry", "cost": float("nan")}, [])
+    legacy_row(conn, "fine", "failure", {"fix": "ok"}, [])
+    conn.close()
+    with Store(db) as store:
+        assert store.integrity_check() == "ok"
+        memory = MemoryStore(store)
+        assert memory.get("fine")["fix"] == "ok"
+        kept = memory.get("nan-cost")
+        assert kept["fix"] == "" and "NaN" in kept["unreadable_entry"]
+        with pytest.raises(FtlError) as refused:
+            store.add_memory_entry({**row("x", "t"), "extra": {"cost": float("nan")}})
+        assert refused.value.error_type == "schema_invalid"
+
+
 def test_entries_pruned_before_the_migration_do_not_come_back(tmp_path: Path) -> None:
     # The memory room copied the first table when it created its own, then an entry was pruned.
     db = tmp_path / "ftl.db"

@@ -126,6 +126,7 @@ class Run:
     cascade_analysis: dict[str, Any] | None = None
     observation: dict[str, Any] | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
+    interrupt: threading.Event = field(default_factory=threading.Event)  # `Runner.interrupt`
     isolation: str = "shared"  # the campaign's default: "worktree" or "shared"
     worktrees: Any = None  # ftl.vcs.worktrees.Worktrees when worktree isolation is possible
     cluster: Any = None  # ftl.executors.ray_cluster.RayCluster with [executor] kind = "ray"
@@ -269,6 +270,10 @@ class Runner:
         on_event: a listener for every event (progress views).
         wait_for_leftovers: on resume, let commands a crashed run left running finish (up to
             their task timeout) before anything runs again; False kills them at once.
+        interrupt: set it from any thread to stop the run as a Ctrl-C would: running tasks are
+            cancelled (pending again, within the scheduler's 0.2 s poll), the state in progress
+            finishes, and the run ends ``cancelled``, resumable (e.g. an MCP client cancelling
+            its ``campaign_run``). A fresh event when None (`interrupt`).
 
     A context manager: leaving it (or `close`) closes the store.
     """
@@ -277,13 +282,15 @@ class Runner:
                  client_factory: Callable[[Config, Path], Any] = connect,
                  sleep: Callable[[float], Any] | None = None,
                  on_event: Callable[[dict[str, Any]], None] | None = None,
-                 wait_for_leftovers: bool = True) -> None:
+                 wait_for_leftovers: bool = True,
+                 interrupt: threading.Event | None = None) -> None:
         self.repo = repo
         self.config = config
         self.client_factory = client_factory
         self.sleep = sleep
         self.on_event = on_event
         self.wait_for_leftovers = wait_for_leftovers
+        self.interrupt = interrupt if interrupt is not None else threading.Event()
         self.store = Store.for_repo(repo)
 
     def close(self) -> None:
@@ -555,7 +562,7 @@ class Runner:
                    campaign_id=campaign_id, flow=Flow(campaign.get("flow") or "campaign"),
                    objective=campaign["objective"], tracked=tracked, plan_input=plan_input,
                    revised_plan_input=revised_plan_input, cancel=cancel, isolation=isolation,
-                   worktrees=worktrees, cluster=cluster)
+                   worktrees=worktrees, cluster=cluster, interrupt=self.interrupt)
 
     def _drive(self, run: Run, machine: CampaignMachine, resumed: bool = False) -> RunResult:
         """Run states until the run finishes; always ends the log with ``RUN_END`` and closes
@@ -564,6 +571,8 @@ class Runner:
 
         try:
             while True:
+                if run.interrupt.is_set():  # asked to stop from another thread: as a Ctrl-C
+                    raise KeyboardInterrupt
                 state = machine.state
                 run.log.state = state.value
                 entry: dict[str, Any] = {"resumed": True} if resumed else {}
@@ -581,11 +590,15 @@ class Runner:
                     step = HANDLERS[state](run)
                 except (KeyboardInterrupt, RunStopped):
                     raise
-                except BaseException as exc:  # noqa: BLE001 - every failure goes to ERROR
+                except BaseException as exc:  # noqa: BLE001 - every failure goes to ERROR,
+                    if run.interrupt.is_set():  # unless an interrupt caused it
+                        raise KeyboardInterrupt from exc
                     returned = self._fail(run, machine, state, exc)
                     if returned is not None:
                         return returned
                     continue
+                if run.interrupt.is_set():  # the state ended early (its tasks were cancelled)
+                    raise KeyboardInterrupt
                 if isinstance(step, Finish):
                     return self._finish(run, step)
                 try:

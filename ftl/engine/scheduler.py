@@ -201,6 +201,8 @@ class Scheduler:
         executor: where ``run_task`` calls run (`ftl.executors.base.Executor`); a new
             `ftl.executors.local.LocalExecutor` when None. The scheduler starts it with
             ``min(jobs, runnable tasks)`` slots and closes it before ``run()`` returns.
+        interrupt: an event another thread sets to stop the run (`ftl.engine.runner.Runner`'s
+            ``interrupt``): the scheduler then cancels its token, as `cancel` does.
 
     Worker names are ``"w1"`` .. ``"w{jobs}"``; a name is used by at most one running task at
     a time and the lowest free name is taken first, so a name is a lane of a Gantt chart.
@@ -217,7 +219,8 @@ class Scheduler:
                  done: Iterable[str] = (), blocked: Iterable[str] = (),
                  cancel: CancelToken | None = None,
                  priority: Callable[[str], Any] | None = None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None,
+                 interrupt: threading.Event | None = None) -> None:
         if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
             raise FtlError("configuration_error", {
                 "problem": f"jobs must be an integer >= 1, got {jobs!r}",
@@ -227,6 +230,7 @@ class Scheduler:
         self._on_start = on_start
         self._on_finish = on_finish
         self._token = cancel if cancel is not None else CancelToken()
+        self._interrupt = interrupt
         self._priority = priority
         if executor is None:
             from ftl.executors.local import LocalExecutor
@@ -335,6 +339,8 @@ class Scheduler:
             self._start_ready(pool)
             if not self._running:
                 return
+            if self._interrupt is not None and self._interrupt.is_set():
+                self._token.cancel()  # seen within one poll (_POLL_S)
             if self._token.cancelled:
                 pool.cancel()  # a cancel from outside (signal, MCP): stop remote work too
             if pool.next_finished(_POLL_S) is None:

@@ -22,10 +22,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-__all__ = ["RateGate", "SpendLimit", "AgentLimits", "DEFAULT_PAUSE_S"]
+__all__ = ["RateGate", "SpendLimit", "AgentLimits", "DEFAULT_PAUSE_S", "DEFAULT_USAGE_PAUSE_S"]
 
-#: How long the gate stays closed when a limit names no time (s).
+#: How long the gate stays closed when a rate limit (a 429, an overloaded API) names no time (s).
 DEFAULT_PAUSE_S = 60.0
+#: The same for a plan's usage limit: such windows last hours, and every start before the
+#: reset meets the limit again and uses up its task's one retry (s).
+DEFAULT_USAGE_PAUSE_S = 1800.0
 _WAIT_SLICE_S = 1.0  # re-check the gate at least this often while waiting (it may be extended)
 
 Emit = Callable[..., Any]
@@ -64,21 +67,23 @@ class RateGate:
     def close(self, reopens_at: datetime | None, *, emit: Emit, state: str | None = None,
               task_seq: str | None = None, limit_kind: str | None = None,
               reason: str | None = None) -> datetime:
-        """Close the gate until ``reopens_at`` (None: `DEFAULT_PAUSE_S` from now); a gate
-        already closed until later stays so. Emits ``RATE_GATE`` closed=True when the gate
-        closes or its reopening moves later.
+        """Close the gate until ``reopens_at`` (None: `DEFAULT_PAUSE_S` from now, or
+        `DEFAULT_USAGE_PAUSE_S` for ``limit_kind="usage_limit"``); a gate already closed until
+        later stays so. Emits ``RATE_GATE`` closed=True when the gate closes or its reopening
+        moves later, under the gate's lock, so the log's order of closes is the gate's.
 
         Returns:
             the moment the gate now opens (UTC).
         """
         now = self._clock()
-        until = reopens_at or now + timedelta(seconds=DEFAULT_PAUSE_S)
+        pause_s = DEFAULT_USAGE_PAUSE_S if limit_kind == "usage_limit" else DEFAULT_PAUSE_S
+        until = reopens_at or now + timedelta(seconds=pause_s)
         with self._lock:
             if self._reopens_at is not None and self._reopens_at >= until:
                 return self._reopens_at
             self._reopens_at = until
-        emit("RATE_GATE", state=state, closed=True, reopens_at=_iso(until), task_seq=task_seq,
-             limit_kind=limit_kind, reason=(reason or "")[:300] or None)
+            emit("RATE_GATE", state=state, closed=True, reopens_at=_iso(until), task_seq=task_seq,
+                 limit_kind=limit_kind, reason=(reason or "")[:300] or None)
         return until
 
     def wait(self, cancel: threading.Event, *, emit: Emit, state: str | None = None,

@@ -9,16 +9,19 @@ Ray's own retries are off (``max_retries=0``, ``retry_exceptions=False``): every
 emitted and classified like any other failure. A lost worker or node (`WORKER_LOST_ERRORS`) is
 the transient error ``worker_lost``; the recovery protocol retries it once, then the task
 blocks. A lost *cluster* is not a task's failure: when the head node no longer accepts
-connections (probed every `WATCH_S` while connected, and at once after a lost worker:
-`RayCluster.lost`), the run's ``on_lost`` cancels every task (they go back to pending) and the
-runner stops the run resumably, before Ray's driver, which waits a minute for its head, would
-end this whole process. Cancel (Ctrl-C) cancels the running Ray tasks (politely, so the command's process
-group is stopped, then by force). A driver killed outright takes its Ray tasks with it (Ray ends
-a job's tasks when its driver goes); a result is only ever read by the call that sent it, and a
-resume finds what a dead driver's attempts left as commits (``reuse_commit``). With a ``ray://``
-address (Ray Client) the server may keep a dead client's tasks running for a while: until it
-ends them, a resumed attempt of the same task can run beside the old one (the old one's result
-is never read, so nothing is integrated twice, but its command runs twice).
+connections (probed every `WATCH_S` while connected, and at once after a lost worker), or when
+the head answers but no live node has CPUs while attempts wait for one (the nodes are read
+while the head answers), for ``lost_after_s`` (`RayCluster.lost`), the run's ``on_lost`` cancels
+every task (they go back to pending) and the runner stops the run resumably: before Ray's
+driver, which waits a minute for its head, would end this whole process, and instead of
+attempts waiting in Ray's queue forever for a node that never comes. Cancel (Ctrl-C) cancels
+the running Ray tasks (politely, so the command's process group is stopped, then by force).
+A driver killed outright takes its Ray tasks with it (Ray ends a job's tasks when its driver
+goes); a result is only ever read by the call that sent it, and a resume finds what a dead
+driver's attempts left as commits (``reuse_commit``). With a ``ray://`` address (Ray Client)
+the server may keep a dead client's tasks running for a while: until it ends them, a resumed
+attempt of the same task can run beside the old one (the old one's result is never read, so
+nothing is integrated twice, but its command runs twice).
 
 The code travels as git bundles: segments of a chain whose first link holds the history and
 each next link the commits since the one before, put into Ray's object store once, kept by
@@ -42,7 +45,7 @@ from ftl.executors.base import Health
 from ftl.executors.local import LocalExecutor
 
 __all__ = ["RayCluster", "RayExecutor", "remote_attempt", "forget_campaign", "INSTALL_HINT",
-           "CANCEL_GRACE_S", "WATCH_S", "LOST_AFTER_S"]
+           "CANCEL_GRACE_S", "WATCH_S", "LOST_AFTER_S", "NODES_EVERY_S"]
 
 _LOG = logging.getLogger("ftl.executors.ray")
 INSTALL_HINT = "pip install 'ftl-runner[ray]'"
@@ -55,10 +58,14 @@ CHAIN_SEGMENT = 32
 _DEADLINE_SLACK_S = 120.0  # beyond build + verify limits: checkout, commit, transfer, s
 #: How often the driver probes the head while connected, s.
 WATCH_S = 1.0
-#: Default of ``[executor] lost_after_s``: how long the head must refuse connections before the
-#: cluster counts as lost, s. Under Ray's own 60 s (its driver then ends the process), above
-#: the 10-30 s a fault-tolerant GCS takes to come back.
+#: Default of ``[executor] lost_after_s``: how long the head must refuse connections, or have
+#: no live node with CPUs while attempts wait, before the cluster counts as lost, s. Under
+#: Ray's own 60 s (its driver then ends the process), above the 10-30 s a fault-tolerant GCS
+#: takes to come back.
 LOST_AFTER_S = 15.0
+#: How often the watchdog reads the nodes while the head answers, s; every `WATCH_S` instead
+#: while the last read found no node with CPUs, so a node that joins stops the clock at once.
+NODES_EVERY_S = 10.0
 
 
 def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -78,6 +85,17 @@ def forget_campaign(campaign_id: str) -> int:
     from ftl.executors.remote_attempt import forget
 
     return forget(campaign_id)
+
+
+def _killed_by_signal(result: dict[str, Any]) -> bool:
+    """Whether the attempt's build or verify command was killed by a signal (a negative exit
+    code: ``subprocess`` convention) without a timeout or a cancel that explains it."""
+    for step in (result.get("build"), result.get("verify")):
+        code = (step or {}).get("exit_code")
+        if isinstance(code, int) and code < 0 and not step.get("timed_out") \
+                and not step.get("cancelled"):
+            return True
+    return False
 
 
 def _reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -122,8 +140,8 @@ class RayCluster:
     """The driver's connection to a Ray cluster, for the whole run (closed with `shutdown`).
 
     Args:
-        lost_after_s: how long the head must refuse connections before the cluster is lost
-            (`lost`), s.
+        lost_after_s: how long the head must refuse connections, or have no live node with
+            CPUs while an attempt is in flight, before the cluster is lost (`lost`), s.
         address: ``"auto"`` (a cluster started on this machine with ``ray start``),
             ``"HOST:PORT"`` of a head node, or ``"ray://HOST:PORT"`` (Ray Client).
         repo: the driver's repository (bundles are made from it).
@@ -169,6 +187,12 @@ class RayCluster:
             "ObjectFetchTimedOutError", "ReferenceCountingAssertionError", "LocalRayletDiedError",
             "RaySystemError", "OutOfMemoryError") if hasattr(rex, name))
         self._task_cancelled = rex.TaskCancelledError
+        self._node_died = getattr(rex, "NodeDiedError", ())
+        # Nodes (12-character id prefixes, as placements name them) whose death an attempt
+        # reported: Ray tells the task's owner a second or more before its node table shows
+        # the node dead (a health-check period; 15-30 s with Ray's defaults). A node id is
+        # never reused (a restarted node gets a new one), so the set only grows by deaths.
+        self._dead_nodes: set[str] = set()
         self._task_error = rex.RayTaskError
         # The head's GCS, probed by `_watch`: the driver talks to it directly, so it answers
         # here. Not with Ray Client (``ray://``), where the server talks to it for us.
@@ -180,11 +204,16 @@ class RayCluster:
                 pass
             if self._gcs and self._probe() is not True:
                 self._gcs = None  # not reachable as a plain TCP address from here: no probe
-        #: Why the whole cluster is lost (its head refused connections for `lost_after_s`),
-        #: else None. Once set, no Ray call is made again except `shutdown`.
+        #: Why the whole cluster is lost (its head refused connections, or no live node had
+        #: CPUs while attempts waited, for `lost_after_s`), else None. Once set, no Ray call is
+        #: made again except `shutdown`.
         self.lost: str | None = None
         self.lost_after_s = lost_after_s
         self._refused_since: float | None = None  # first refusal of the current run of them
+        # The last node read found a live node with CPUs (None: not read yet), and since when
+        # none has been seen while attempts were in flight (the no-capacity clock).
+        self._capacity: bool | None = None
+        self._empty_since: float | None = None
         self._on_lost: Callable[[], None] | None = None
         self._closed = threading.Event()
         self._watchdog: threading.Thread | None = None
@@ -249,23 +278,59 @@ class RayCluster:
             self._mark_lost(f"the head at {self._gcs} refused connections for "
                             f"{now - since:.0f} s")
 
+    def _observe_capacity(self, capacity: bool) -> None:
+        """Fold one node read into the no-capacity clock: it runs while no live node has CPUs
+        and an attempt is in flight (queued, running, or holding after a lost worker), and
+        marks the cluster lost after `lost_after_s`. A node with CPUs seen again, or nothing
+        in flight, stops it: an autoscaler that replaces a node in time, or a cluster idle
+        between executions, does not stop the run.
+
+        Why "a live node with CPUs" and not "a node that fits the waiting attempt": it is a
+        fact about the cluster, not about one task's reservation (a reservation larger than
+        every live node is refused before sending, as that task's ``configuration_error``),
+        and it never stops a run that smaller attempts still move forward."""
+        now = time.monotonic()
+        with self._lock:
+            self._capacity = capacity
+            # Without a probed head (Ray Client) there is no watchdog to keep this clock.
+            if capacity or not self._inflight or not self._gcs:
+                if self._empty_since is not None:
+                    _LOG.info("Ray cluster at %s: %s", self.address,
+                              "a node with CPUs is back" if capacity else "no attempt waits")
+                self._empty_since = None
+                return
+            if self._empty_since is None:
+                self._empty_since = now
+                _LOG.warning("Ray cluster at %s: no live node with CPUs; the run stops, "
+                             "resumable, in %g s unless one joins", self.address,
+                             self.lost_after_s)
+            since = self._empty_since
+        if now - since >= self.lost_after_s:
+            self._mark_lost(f"no live node with CPUs for {now - since:.0f} s")
+
     def _watch(self) -> None:
-        """Probe the head every `WATCH_S` while connected, and refresh the nodes' CPUs (at
-        most every 10 s, only right after the head answered), so no task thread ever waits in
-        a Ray call for a head that went away: Ray's driver waits a minute for it and then
-        ends this whole process. A head refusing for `lost_after_s` marks the cluster lost,
-        well before that, so the run can stop resumably and `shutdown` in time."""
+        """Probe the head every `WATCH_S` while connected, and read the nodes (only right
+        after the head answered: a GCS call waits for a head that went away; every
+        `NODES_EVERY_S`, or every `WATCH_S` while none with CPUs was found), so no task thread
+        ever waits in a Ray call for a head that went away: Ray's driver waits a minute for
+        it and then ends this whole process. A head refusing, or no live node with CPUs
+        while attempts wait, for `lost_after_s` marks the cluster lost, well before that, so
+        the run can stop resumably and `shutdown` in time."""
         while not self._closed.wait(WATCH_S) and self.lost is None:
             answer = self._probe()
             self._observe(answer)
-            if answer is True and time.monotonic() - self._nodes_read_at > 10.0:
-                self._read_nodes()
+            if answer is True:
+                every = NODES_EVERY_S if self._capacity is not False else WATCH_S
+                if time.monotonic() - self._nodes_read_at >= every:
+                    self._read_nodes()
 
-    def _hold_while_refused(self, cancel: threading.Event) -> None:
-        """After a lost worker: while the head refuses connections, wait for the verdict, so
-        a task is not failed for a cluster that is going away. Returns when the head answers
-        again (the worker's loss was the task's); raises when the cluster is lost or the task
-        is cancelled meanwhile.
+    def _hold_for_verdict(self, cancel: threading.Event) -> None:
+        """After a lost worker: while the head refuses connections, or answers but no live
+        node has CPUs, wait for the verdict, so a task is not failed for a cluster that is
+        going away. Returns when the head answers again with a node that has CPUs (the
+        worker's loss was the task's), or when a probe says nothing (no Ray call may wait on
+        it); raises when the cluster is lost or the task is cancelled meanwhile. At most
+        `lost_after_s` plus a probe and a node read: both clocks run while it holds.
 
         Raises:
             FtlError(cancelled): the cluster was lost (`lost`), or ``cancel`` was set.
@@ -273,8 +338,13 @@ class RayCluster:
         while self.lost is None and not cancel.is_set():
             answer = self._probe()
             self._observe(answer)
-            if answer is not False:
+            if answer is None:
                 return
+            if answer is True:
+                if time.monotonic() - self._nodes_read_at >= WATCH_S:
+                    self._read_nodes()  # the head answers: this GCS call does not wait
+                if self._capacity is not False:
+                    return
             cancel.wait(WATCH_S)
         raise FtlError("cancelled", {"what": f"the Ray cluster at {self.address}"})
 
@@ -337,21 +407,28 @@ class RayCluster:
         return self._read_nodes()
 
     def _read_nodes(self) -> Health:
-        """Ask Ray for the live nodes (a GCS call: it waits if the head is gone), and keep the
-        largest node's CPUs for `run_attempt`."""
+        """Ask Ray for the live nodes (a GCS call: it waits if the head is gone), keep the
+        largest node's CPUs for `run_attempt` and fold the read into the no-capacity clock
+        (`_observe_capacity`). A failed read says nothing: both are left as they were."""
         try:
             nodes = [{"node": n["NodeID"][:12], "address": n.get("NodeManagerAddress", ""),
                       "cpus": float((n.get("Resources") or {}).get("CPU", 0.0))}
-                     for n in self._ray.nodes() if n.get("Alive")]
-            alive = bool(nodes)
+                     for n in self._ray.nodes()
+                     if n.get("Alive") and n["NodeID"][:12] not in self._dead_nodes]
         except Exception:  # noqa: BLE001 - the cluster went away
-            nodes, alive = [], False
+            with self._lock:
+                running = len(self._inflight)
+            return Health("ray", False, [], running, f"Ray cluster at {self.address}")
+        largest = max((n["cpus"] for n in nodes), default=0.0)
         with self._lock:
             running = len(self._inflight)
-            if alive:
-                self._largest = max(n["cpus"] for n in nodes)
-                self._nodes_read_at = time.monotonic()
-        return Health("ray", alive, nodes, running, f"Ray cluster at {self.address}")
+            self._largest = largest
+            self._nodes_read_at = time.monotonic()
+        self._observe_capacity(largest > 0)
+        detail = f"Ray cluster at {self.address}"
+        if nodes and largest <= 0:
+            detail += ": no live node with CPUs"
+        return Health("ray", bool(nodes), nodes, running, detail)
 
     def forget(self, campaign_id: str, timeout_s: float = 30.0) -> int:
         """At a campaign's end: remove its history cache and any attempt checkouts a killed
@@ -405,11 +482,14 @@ class RayCluster:
             ``bundle``, ``node``, ``worker``, ...).
 
         Raises:
-            FtlError(worker_lost): the worker or its node died, or the result was lost.
+            FtlError(worker_lost): the worker or its node died (also when the result came
+                back with its command killed by a signal and the node is gone since), or the
+                result was lost.
             FtlError(cancelled): cancelled (Ctrl-C, the campaign's cancel).
             FtlError(timeout): no result within build + verify limits plus a slack, counted
                 from the attempt's placement (time queued for a node does not count).
-            FtlError(configuration_error): ``num_cpus`` exceeds every live node's CPUs.
+            FtlError(configuration_error): ``num_cpus`` exceeds every live node's CPUs (some
+                having CPUs: with none, the attempt waits for a node or the cluster's loss).
             FtlError(internal_error): the attempt raised on the node (e.g. git failed there);
                 the node's message goes to this module's log under the correlation id.
         """
@@ -418,7 +498,10 @@ class RayCluster:
         if self._cancelled:  # before any Ray call: a lost cluster would hold it for a minute
             raise FtlError("cancelled", {"what": f"task {request['seq']}"})
         largest = self._largest_node_cpus()
-        if largest is not None and num_cpus > largest:  # it would wait in Ray's queue forever
+        # It would wait in Ray's queue forever. A cluster with no CPUs at all is not this
+        # task's mistake but the watchdog's matter: queued, the attempt waits for a node to
+        # join or for the cluster's verdict (`_observe_capacity`).
+        if largest is not None and num_cpus > largest and (largest > 0 or not self._gcs):
             raise FtlError("configuration_error", {
                 "problem": f"task {request['seq']} reserves {num_cpus:g} CPUs but the largest "
                            f"node of the cluster has {largest:g}; lower its resources.num_cpus "
@@ -440,7 +523,17 @@ class RayCluster:
             deadline = time.monotonic() + float(request["timeout_s"]) + \
                 float(request["verify_timeout_s"]) + _DEADLINE_SLACK_S
             on_placed(placed)
-            result = self._next(generator, cancel, deadline, request)
+            node = placed.get("node")
+            answer = self._next(generator, cancel, deadline, request, node)
+            if (node and _killed_by_signal(answer) and not (cancel.is_set() or self._cancelled)
+                    and self._node_gone(node)):
+                # A dying node's worker can outlive the command it ran for a moment (Ray
+                # kills a worker's children first): the command's death is the node's.
+                self._forget_node(node)
+                self._hold_for_verdict(cancel)
+                raise FtlError("worker_lost", {"seq": request["seq"], "cause": "its node died "
+                                               "while the command ran"})
+            result = answer
         finally:
             # Cancelled, timed out, lost, or on_placed raised: stop it (nothing to stop, and
             # no Ray call to make, once the whole cluster is gone).
@@ -452,11 +545,43 @@ class RayCluster:
                 self._stops.discard((id(generator), True))
         return result
 
+    def _forget_node(self, node: str) -> None:
+        """An attempt saw ``node`` (a 12-character id prefix) die: it no longer counts as
+        capacity, and the next `_hold_for_verdict` reads the other nodes at once."""
+        with self._lock:
+            self._dead_nodes.add(node)
+            self._nodes_read_at = float("-inf")
+
+    def _node_gone(self, node: str) -> bool:
+        """Whether ``node`` is gone: the head lists it dead, or its raylet refuses a TCP
+        connection (dead, while the head has not noticed yet). False when unsure: the head
+        does not answer (no Ray call may wait on it), or the node is not listed."""
+        if node in self._dead_nodes:
+            return True
+        if self._probe() is not True:
+            return False
+        try:
+            rows = [n for n in self._ray.nodes() if n["NodeID"][:12] == node]
+        except Exception:  # noqa: BLE001 - unsure: the result stands
+            return False
+        if not rows:
+            return False
+        if not rows[0].get("Alive"):
+            return True
+        host, port = rows[0].get("NodeManagerAddress"), rows[0].get("NodeManagerPort")
+        try:
+            with socket.create_connection((host, int(port)), timeout=1.0):
+                return False
+        except (ConnectionRefusedError, ConnectionResetError):
+            return True
+        except (OSError, TypeError, ValueError):
+            return False
+
     def _largest_node_cpus(self) -> float | None:
-        """CPUs of the cluster's largest live node, None if unknown. The watchdog keeps it
-        fresh (every 10 s, right after the head answered); without one (Ray Client), a task
-        thread reads it, at most every 10 s."""
-        if self._watchdog is None and time.monotonic() - self._nodes_read_at > 10.0:
+        """CPUs of the cluster's largest live node (0.0: none has CPUs), None if unknown. The
+        watchdog keeps it fresh (`_watch`); without one (Ray Client), a task thread reads it,
+        at most every `NODES_EVERY_S`."""
+        if self._watchdog is None and time.monotonic() - self._nodes_read_at > NODES_EVERY_S:
             self._read_nodes()
         return self._largest
 
@@ -495,7 +620,15 @@ class RayCluster:
             return list(segment)
 
     def _next(self, generator: Any, cancel: threading.Event, deadline: float | None,
-              request: dict[str, Any]) -> dict[str, Any]:
+              request: dict[str, Any], node: str | None = None) -> dict[str, Any]:
+        """The attempt's next yield: its placement, then its result (``node``: where it was
+        placed). ``deadline=None`` (queued for a node) waits until the attempt is placed, the
+        task's ``cancel`` is set, or the cluster is cancelled or lost (`_mark_lost`): a queue
+        that no node will ever serve does not hold the task past the cluster's verdict.
+
+        Raises:
+            FtlError: as `run_attempt`.
+        """
         ray, seq = self._ray, request["seq"]
         try:
             while True:
@@ -510,7 +643,7 @@ class RayCluster:
                         "timeout_s": float(request["timeout_s"]) + float(request["verify_timeout_s"])
                         + _DEADLINE_SLACK_S})
         except StopIteration:
-            self._hold_while_refused(cancel)
+            self._hold_for_verdict(cancel)
             raise FtlError("worker_lost", {"seq": seq, "cause": "the attempt ended without a "
                                                                 "result"}) from None
         except self._task_cancelled:
@@ -518,7 +651,9 @@ class RayCluster:
         except self._lost as exc:
             if cancel.is_set() or self._cancelled:  # a force-cancel kills the worker: not lost
                 raise FtlError("cancelled", {"what": f"task {seq}"}) from None
-            self._hold_while_refused(cancel)
+            if node and isinstance(exc, self._node_died):
+                self._forget_node(node)
+            self._hold_for_verdict(cancel)
             raise FtlError("worker_lost", {"seq": seq, "cause": type(exc).__name__}) from None
         except self._task_error as exc:
             # The node's message may name its paths: the log gets it, a response never does.

@@ -18,7 +18,8 @@ in a fixed order and the first refusal decides (ThoughtGate EC-ERR-005).
    asks a human only where a policy says so.)
 4. **approval** (``[gates.approval]``): an interactive prompt (only on a TTY), a command (the
    call JSON on stdin; exit 0 approves, 1 rejects, anything else rejects) or a decision file
-   polled for the request id. Rejected -> ``approval_rejected``; no answer within ``timeout_s``
+   polled for the request id. Each request gets a new id, so a decision answers one request
+   (ThoughtGate: one approval per request), never a later call however alike. Rejected -> ``approval_rejected``; no answer within ``timeout_s``
    -> ``on_timeout`` (``deny`` -> ``approval_timeout``, ``approve`` -> the call runs and the
    decision records ``system:timeout-auto-approve``); approval needed but no workflow usable ->
    ``approval_not_found``. ``approval_timeout`` is structural (`ftl.errors`): the recovery

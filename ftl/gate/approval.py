@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
 import subprocess
+import termios
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +60,10 @@ class TtyPrompt:
         return cls(fd)
 
     def ask(self, question: str, timeout_s: float) -> str | None:
+        try:  # what was typed before the question is no answer to it
+            termios.tcflush(self._fd, termios.TCIFLUSH)
+        except termios.error:
+            pass
         os.write(self._fd, question.encode("utf-8", "replace"))
         ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
         if not ready:
@@ -192,9 +198,12 @@ class PromptApprover:
             return "timeout", "prompt"
         try:
             ctx = request.context
-            question = (f"\nftl approval {request.request_id}: {request.call.tool}"
-                        f" (task {ctx.get('seq') or '-'}, files {', '.join(ctx.get('files') or []) or '-'},"
-                        f" side effects {', '.join(request.call.side_effects) or '-'})\nApprove? [y/n] ")
+            shown = _printable  # the call's own text must not steer the terminal it is shown on
+            question = (f"\nftl approval {request.request_id}: {shown(request.call.tool)}"
+                        f" (task {shown(ctx.get('seq') or '-')}, files "
+                        f"{shown(', '.join(map(str, ctx.get('files') or [])) or '-')},"
+                        f" side effects {shown(', '.join(request.call.side_effects) or '-')})"
+                        "\nApprove? [y/n] ")
             for _ in range(MAX_PROMPT_ATTEMPTS):
                 remaining = deadline - self.clock()
                 if remaining <= 0:
@@ -227,3 +236,11 @@ def resolve_command(argv: list[str], repo: Path) -> list[str]:
         raise config_error("the approval command cannot be run", [
             {"path": "gates.approval.command.0", "message": f"{program}: not found on PATH"}])
     return [found, *argv[1:]]
+
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: object) -> str:
+    """``text`` with control characters (escape sequences included) shown as ``?``."""
+    return _CONTROL_CHARS.sub("?", str(text))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import secrets
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Literal, Mapping
@@ -56,11 +57,16 @@ class Call:
         return context
 
     def request_id(self) -> str:
-        """Deterministic id of this call (same call, same id), for decision files and the log."""
+        """A new id for one approval request of this call: a digest of everything the approver
+        is shown (tool, args, principal, source, side effects, context), then a random part, so
+        a decision answers that one request and no later call, however alike (ThoughtGate:
+        one approval per request). Raises nothing."""
         canonical = json.dumps({"tool": self.tool, "args": self.args, "principal": self.principal,
-                                "source": self.source}, sort_keys=True, separators=(",", ":"),
+                                "source": self.source, "side_effects": sorted(self.side_effects),
+                                "context": self.context}, sort_keys=True, separators=(",", ":"),
                                default=str)
-        return "apr-" + hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+        digest = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+        return f"apr-{digest}-{secrets.token_hex(4)}"
 
 
 def _cedar_value(value: Any) -> Any:

@@ -387,12 +387,13 @@ class ManglecpServer:
         if self.gate is None:
             return None
         facts = macro.bound.facts
-        local = self.auth is None and principal is ANONYMOUS
         # string args only: policy engines (Cedar) want homogeneous sets
         summary = [{"pred": f.pred, "args": [a if isinstance(a, str) else canonical_json(a) for a in f.args]}
                    for f in facts[:50]]
         call = {"tool": tool.name, "args": dict(request.args), "side_effects": list(tool.side_effects),
-                "principal": "local" if local else principal.identity,
+                # One name for an unauthenticated caller on every surface ("anonymous", as the
+                # MCP server and the gate docs say): a policy about it applies everywhere.
+                "principal": principal.identity,
                 "context": {"intent": macro.bound.intent, "macro_id": request.macro_id,
                             "request_id": request_id, "fact_count": len(facts),
                             "predicates": sorted({f.pred for f in facts}), "facts": summary}}

@@ -266,8 +266,11 @@ class Checker:
         r.flow = self.flow
         config = e.get("config")
         if isinstance(config, dict):
-            self.transient_retries = _i(config.get("transient_retries")) or self.transient_retries
-            self.flaky_retries = _i(config.get("flaky_verify_retries")) or self.flaky_retries
+            transient, flaky = _i(config.get("transient_retries")), _i(config.get("flaky_verify_retries"))
+            if transient is not None:  # 0 is a limit too: no retry at all
+                self.transient_retries = transient
+            if flaky is not None:
+                self.flaky_retries = flaky
         self._settle_attempts()
         self.task_failures.clear()
         self.unclassified.clear()
@@ -596,8 +599,11 @@ class Checker:
         if e.get("recovered") is True:  # written by the resume: the stored span says when it ended
             begun, took = ev.parse_ts(attempt.start), _i(e.get("duration_ms"))
             if begun is not None and took is not None and took >= 0:
-                end = ev.utc_at(begun.timestamp() + took / 1000)
-                if self.prev_ts is None or end > self.prev_ts:
+                try:
+                    end = ev.utc_at(begun.timestamp() + took / 1000)
+                except (OverflowError, ValueError, OSError):  # a span past any calendar
+                    end = ts
+                if self.prev_ts is None or (end is not None and end > self.prev_ts):
                     self.prev_ts = end  # the crashed run was alive at least until then
         attempt.end, attempt.end_seq, attempt.status = end, seq, status
         # Where it ran, when the start could not say (a Ray task's node is known once it ran).

@@ -87,7 +87,7 @@ def decisions(paths: Iterable[Path]) -> Iterator[Decision]:
     run's re-entry of its state are not decisions and are skipped."""
     for e in stream(paths):
         name = e.get("event")
-        wanted = DECISION_FIELDS.get(name)
+        wanted = DECISION_FIELDS.get(name) if isinstance(name, str) else None
         if wanted is None or (name == ev.STATE_ENTRY and e.get("resumed")):
             continue
         fields = tuple((k, _field_text(e.get(k))) for k in wanted)

@@ -672,6 +672,7 @@ class _Drawn:
             ("states", len(result.states)), ("task attempts", len(result.attempts)),
             ("tasks", len(result.tasks)), ("failures", len(result.failures)),
             ("retries", len(result.retries)), ("recoveries", len(result.recoveries)),
+            ("invariant violations", len(result.violations)),
             ("cascade roots", sum(1 for _ in result.tasks.cascade())))
             if total > limit}
 
@@ -722,7 +723,7 @@ def render_html(result: Replay, *, diff: DecisionDiff | None = None, against: Se
     warn_html = f'<div class="box warn"><b>Log warnings</b><ul>{notes}</ul></div>' if notes else ""
     if result.violations:
         rows = "".join(f"<li>seq {_e(v.seq)}: <code>{_e(v.rule)}</code> {_e(v.message)}</li>"
-                       for v in result.violations)
+                       for v in islice(result.violations, limit))
         check_html = (f'<div class="box bad"><b>{len(result.violations)} invariant violation(s)</b>'
                       f"<ul>{rows}</ul></div>")
     else:

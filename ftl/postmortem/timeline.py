@@ -9,6 +9,7 @@ read it. Nothing here reads a file or judges an event.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from itertools import islice
 from operator import attrgetter
@@ -360,12 +361,28 @@ class JsonArray(list):  # type: ignore[type-arg]
 def write_json(payload: Any, handle: Any, *, indent: int | None = 2) -> None:
     """Write ``payload`` (which may hold `JsonArray`s, e.g. ``Replay.to_json(lazy=True)``) to the
     text ``handle`` as JSON, chunk by chunk: memory holds one record at a time, not the document.
-    Keys sorted; values JSON cannot hold are written as ``str(value)``."""
-    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=str)
+    Keys sorted; values JSON cannot hold are written as ``str(value)``, and so are NaN and the
+    infinities (``"nan"``, ``"inf"``), which JSON has no number for."""
+    encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=str, allow_nan=False)
+    payload = _finite(payload)
     write = handle.write
     for chunk in encoder.iterencode(payload):
         write(chunk)
     write("\n")
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity float made its text (`write_json`); a `JsonArray`
+    stays on demand."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, JsonArray):  # still on demand: each item made finite as it is read
+        return JsonArray(lambda array=value: (_finite(item) for item in array._items()), len(value))
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def node_sort_key(node: str) -> tuple[bool, bool, str]:

@@ -32,10 +32,13 @@ def _violation(path: str, message: str) -> FtlError:
 
 
 def _dumps(value: Any, what: str) -> str:
+    """``value`` as the JSON text of a column. NaN and infinities are refused: SQLite's JSON
+    functions (the memory tables' migration and queries) reject such text as malformed."""
     try:
-        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"),
+                          allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise _violation(what, f"must be JSON-serialisable ({exc})") from None
+        raise _violation(what, f"must be JSON-serialisable, without NaN or infinity ({exc})") from None
 
 
 def _loads(text: str | None) -> Any:

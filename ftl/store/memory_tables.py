@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Iterable
 
+from ftl.errors import FtlError
+
 
 MEMORY_TYPES = ("failure", "pattern")
 
@@ -64,6 +66,16 @@ def _entry(row: Any) -> dict[str, Any]:
     entry.update(campaign_id=row["campaign_id"], occurrences=row["occurrences"],
                  updated_at=row["updated_at"])
     return entry
+
+
+def _json(value: Any, what: str) -> str:
+    """``value`` as a column's JSON text (key order kept). Raises FtlError(schema_invalid) for
+    NaN or an infinity, which SQLite's JSON functions reject as malformed."""
+    try:
+        return json.dumps(value, default=str, allow_nan=False)
+    except ValueError as exc:
+        raise FtlError("schema_invalid", {"count": 1, "violations": [{
+            "path": what, "message": f"must be JSON without NaN or infinity ({exc})"}]}) from None
 
 
 def _united(stored: str | None, source: Iterable[Any]) -> str:
@@ -219,9 +231,10 @@ class MemoryTablesMixin:
                 "campaign_id, created_at, updated_at, importance, related_typed, cross_relationships) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (entry["name"], entry_type, entry["trigger"], entry["resolution"], entry["match"],
-                 entry["cost"], json.dumps(entry["source"]), json.dumps(entry["extra"], default=str),
+                 entry["cost"], _json(entry["source"], "source"), _json(entry["extra"], "extra"),
                  entry["campaign_id"], entry["created_at"], self._now(), entry["importance"],
-                 json.dumps(entry["related_typed"]), json.dumps(entry["cross_relationships"])))
+                 _json(entry["related_typed"], "related_typed"),
+                 _json(entry["cross_relationships"], "cross_relationships")))
         return True, entry["name"]
 
     def count_memory_access(self, names: list[str], entry_type: str) -> None:

@@ -183,10 +183,16 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """INSERT OR IGNORE INTO memory_entry (name, type, trigger, resolution, source, extra,
                                                campaign_id, occurrences, created_at, updated_at)
            SELECT name, type, trigger,
-                  COALESCE(json_extract(entry, CASE type WHEN 'failure' THEN '$.fix'
-                                                         ELSE '$.insight' END), ''),
+                  CASE WHEN json_valid(entry)
+                       THEN COALESCE(json_extract(entry, CASE type WHEN 'failure' THEN '$.fix'
+                                                                   ELSE '$.insight' END), '')
+                       ELSE '' END,
                   source,
-                  json_remove(entry, CASE type WHEN 'failure' THEN '$.fix' ELSE '$.insight' END),
+                  -- text older code wrote with NaN in it is no JSON to SQLite: kept as text
+                  CASE WHEN json_valid(entry)
+                       THEN json_remove(entry, CASE type WHEN 'failure' THEN '$.fix'
+                                                         ELSE '$.insight' END)
+                       ELSE json_object('unreadable_entry', entry) END,
                   campaign_id, occurrences, created_at, updated_at
            FROM memory WHERE (SELECT fresh FROM temp.migration_5) ORDER BY id""",
         "DROP TABLE temp.migration_5",

@@ -72,7 +72,7 @@ def test_check_gets_the_call_after_schema_validation_and_before_confirmation():
     assert ok["type"] == "invoke_response"
     call = gate.calls[-1]
     assert {k: call[k] for k in ("tool", "args", "side_effects", "principal")} == {
-        "tool": "echo_tool", "args": {"text": "hi"}, "side_effects": ["none"], "principal": "local"}
+        "tool": "echo_tool", "args": {"text": "hi"}, "side_effects": ["none"], "principal": "anonymous"}
     context = call["context"]
     assert (context["intent"], context["request_id"], context["fact_count"]) == ("tools", "r-9", 1)
     assert context["facts"] == [{"pred": "enable", "args": ["x"]}]

@@ -129,3 +129,50 @@ def test_outcome_rules() -> None:
                                  "retry_delay_ms": 1500, "error": "rate_limit"}),
                      _result(is_error=True, result="API Error: 429 rate limited"), exit_code=1)
     assert limited["error_type"] == "rate_limited" and limited["limit_kind"] == "rate_limit"
+
+
+def _decide(*lines: str, exit_code: int | None = 0, stderr: str = "", idle: bool = False) -> dict:
+    return outcome(_read(*lines).summary, exit_code=exit_code, stderr=stderr, idle_timed_out=idle,
+                   now=NOW)
+
+
+def test_a_429_the_cli_retried_past_does_not_fail_a_finished_build() -> None:
+    # The CLI retries the API on its own (api_retry events); a run that then ends with a
+    # success result built the task: calling it rate-limited would pay for it twice and close
+    # the gate for every sibling.
+    retried = json.dumps({"type": "system", "subtype": "api_retry", "error_status": 429,
+                          "retry_delay_ms": 1200, "error": "rate_limit"})
+    done = _result(result='{"status": "complete", "delivered": "a.py"}')
+    assert _decide(retried, done)["status"] == "complete"
+    assert _decide(done, stderr="warning: got HTTP 429, retrying")["status"] == "complete"
+    # A run that printed its success result and then hung until the idle timeout stopped it.
+    assert _decide(done, exit_code=None, idle=True)["status"] == "complete"
+
+
+def test_the_clis_current_limit_wordings_close_the_gate_until_their_reset(monkeypatch) -> None:
+    import ftl.server.tools.claude_stream as stream
+
+    session = limit_from_text("You've hit your session limit · resets 3pm (America/Bogota)", NOW)
+    assert session.kind == "usage_limit"  # Bogota is UTC-5: 15:00 there is 20:00 UTC
+    assert session.reopens_at == datetime(2026, 11, 24, 20, 0, tzinfo=timezone.utc)
+    weekly = limit_from_text("You've hit your weekly limit · resets Sep 15 at 7pm (UTC)", NOW)
+    assert weekly.reopens_at == datetime(2027, 9, 15, 19, 0, tzinfo=timezone.utc)  # next year's
+    dated = limit_from_text("Opus limit reached · resets Nov 27, 2am (UTC)", NOW)
+    assert dated.reopens_at == datetime(2026, 11, 27, 2, 0, tzinfo=timezone.utc)
+    # No zone named: the CLI printed this machine's local time.
+    monkeypatch.setattr(stream, "_local_zone", lambda: timezone(timedelta(hours=-5)))
+    local = limit_from_text("5-hour limit reached ∙ resets 3pm", NOW)
+    assert local.reopens_at == datetime(2026, 11, 24, 20, 0, tzinfo=timezone.utc)
+
+
+def test_a_limit_message_that_offers_login_is_a_limit_not_a_login_prompt() -> None:
+    text = ("You've hit your limit · resets 5:40pm (Europe/Berlin)\n"
+            "/login to switch to an API usage-billed account.")
+    decided = _decide(_result(is_error=True, result=text, total_cost_usd=0), exit_code=1)
+    assert decided["error_type"] == "rate_limited" and decided["limit_kind"] == "usage_limit"
+    assert not not_logged_in(text)
+
+
+def test_a_cost_that_is_not_a_finite_number_is_not_counted() -> None:
+    summary = _read(_result(total_cost_usd=float("inf"), num_turns=float("nan"))).summary
+    assert summary.total_cost_usd == 0.0 and summary.num_turns == 0

@@ -14,7 +14,9 @@ process group is stopped when no line arrives for ``idle_timeout_s``.
 Outcomes (``error_type`` of the builder result, classified by `ftl.engine.recovery.classify_command`):
 
 * ``result`` subtype ``success`` and exit 0 -> ``complete`` (or ``blocked`` when the agent's last
-  message holds a ``{"status": "blocked", ...}`` build result); ftl then verifies;
+  message holds a ``{"status": "blocked", ...}`` build result); ftl then verifies. Errors the
+  CLI met and got past on its own (an ``api_retry`` after a 429) do not change that, and a run
+  stopped by a timeout after its success result (it hung on exit) is taken at its result;
 * ``error_max_turns`` -> ``budget_exhausted`` (FTL: the budget is used up; route OBSERVE);
 * no credentials (``Not logged in · Please run /login``) -> ``agent_login_required``; an
   ``--agent`` the CLI does not know (the plugin is not installed) -> ``configuration_error``;
@@ -105,6 +107,11 @@ def outcome(summary: StreamSummary, *, exit_code: int | None, stderr: str,
         ``limit_kind`` for a limit, ``delivered`` / ``utilized`` on success.
     """
     errors = [*summary.errors, stderr[-2000:]] if stderr.strip() else list(summary.errors)
+    succeeded = summary.result_seen and summary.subtype == "success" and not summary.is_error
+    if succeeded and (exit_code == 0 or idle_timed_out):
+        # The run ended on its own terms: a 429 the CLI retried past, or a hang after the
+        # result, is not this build's failure (it would be paid for and built again).
+        return _built(summary)
     if idle_timed_out:
         return {"status": "failed", "error_type": "stalled",
                 "reason": "no stream event within idle_timeout_s; the agent was stopped"}
@@ -114,26 +121,30 @@ def outcome(summary: StreamSummary, *, exit_code: int | None, stderr: str,
                 "reason": f"Claude Code has no agent {missing_agent.group(1)!r}: install the ftl "
                           "plugin (claude plugin install ftl@ftl), add --plugin-dir to "
                           "[claude] extra_args, or set [claude] agent"}
-    if any(not_logged_in(text) for text in errors):
-        return {"status": "failed", "error_type": "agent_login_required",
-                "reason": next(text for text in errors if not_logged_in(text))[:300]}
-    for text in reversed(errors):
+    for text in reversed(errors):  # before login: a limit message may offer "/login"
         limit = limit_from_text(text, now)
         if limit is not None:
             return {"status": "failed", "error_type": "rate_limited",
                     "retry_after_ms": limit.retry_after_ms, "limit_kind": limit.kind,
                     "reopens_at": limit.reopens_at.isoformat() if limit.reopens_at else None,
                     "reason": f"{limit.kind.replace('_', ' ')}: {limit.message}"}
+    if any(not_logged_in(text) for text in errors):
+        return {"status": "failed", "error_type": "agent_login_required",
+                "reason": next(text for text in errors if not_logged_in(text))[:300]}
     if summary.subtype == "error_max_turns":
         return {"status": "failed", "error_type": "budget_exhausted",
                 "reason": f"Claude Code stopped at its turn limit ({summary.num_turns} turns)"}
     if not summary.result_seen:
         return {"status": "failed", "error_type": "task_failed",
                 "reason": f"Claude Code ended without a result event (exit {exit_code})"}
-    if summary.is_error or summary.subtype != "success" or exit_code != 0:
-        return {"status": "failed", "error_type": "task_failed",
-                "reason": f"Claude Code failed ({summary.subtype}, exit {exit_code}): "
-                          f"{summary.result_text[-300:]}"}
+    return {"status": "failed", "error_type": "task_failed",
+            "reason": f"Claude Code failed ({summary.subtype}, exit {exit_code}): "
+                      f"{summary.result_text[-300:]}"}
+
+
+def _built(summary: StreamSummary) -> dict[str, Any]:
+    """The outcome of a run that ended with a success result: the agent's own build result
+    (``complete``, or ``blocked`` with its reason)."""
     _, build, _ = parse_build_result(summary.result_text)
     delivered = (build.delivered if build else "") or summary.result_text[-2000:]
     if build is not None and build.status == "blocked":
@@ -181,10 +192,13 @@ def claude_builder(args: ClaudeBuildArgs, ctx: ToolContext,
                stream={"events": summary.events, "malformed_lines": summary.malformed_lines,
                        "unknown_events": summary.unknown_events})
     out["session_id"] = summary.session_id or args.resume_session_id
-    if _stopped(out, result, ws.timeout_s):
+    finished = summary.result_seen and summary.subtype == "success" and not summary.is_error
+    if result.timed_out and finished and not result.cancelled:
+        out.update(timed_out=False)  # the work was done; only the exit hung: take the result
+    elif _stopped(out, result, ws.timeout_s):
         return out
     decided = outcome(summary, exit_code=result.exit_code, stderr=result.stderr,
-                      idle_timed_out=result.idle_timed_out, now=clock())
+                      idle_timed_out=result.idle_timed_out or result.timed_out, now=clock())
     if decided["error_type"] == "stalled":
         decided["idle_timeout_s"] = settings.idle_timeout_s
     out.update(decided)

@@ -24,6 +24,7 @@ in an error text, with the moment it lifts (a ``retry-after``, an epoch after ``
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -39,11 +40,19 @@ TOKEN_KINDS: tuple[str, ...] = ("input_tokens", "output_tokens", "cache_read_inp
 KNOWN_EVENT_TYPES = frozenset({"system", "assistant", "user", "result", "stream_event"})
 
 _RATE = re.compile(r"(?i)(\b429\b|rate[_ ]limit|too many requests|overloaded|\b529\b)")
-_USAGE = re.compile(r"(?i)(usage limit|limit reached|hit your limit|out of (extra )?usage)")
+_USAGE = re.compile(r"(?i)(usage limit|limit reached|hit your (?:[\w-]+ )?limit|out of (extra )?usage"
+                    r"|\b(?:session|weekly|daily|\d+-hour) limit\b)")
 _EPOCH = re.compile(r"\|\s*(\d{10})\b")
 _RETRY_AFTER = re.compile(r"(?i)retry[-_ ]after(?:[-_ ]?(ms))?\"?\s*[:=]?\s*\"?(\d+(?:\.\d+)?)\s*(ms|s)?")
-_RESETS = re.compile(r"(?i)resets?\s+(?:at\s+)?(\d{1,2})(?::(\d{2}))?\s*(am|pm)?(?:\s*\(([\w/+-]+)\))?")
-_LOGIN = re.compile(r"(?i)(not logged in|please run /login|invalid api key|/login\b|"
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+# "resets 3pm", "resets at 15:30 (Europe/Paris)", "resets Sep 15 at 7pm", "resets Jul 31, 2am".
+_RESETS = re.compile(
+    r"(?i)resets?\s+(?:at\s+|on\s+)?"
+    r"(?:(?P<month>jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?\s+(?P<day>\d{1,2})"
+    r"(?:st|nd|rd|th)?(?:\s*,\s*|\s+at\s+|\s+))?"
+    r"(?P<hour>\d{1,2})(?::(?P<minute>\d{2}))?\s*(?P<meridiem>am|pm)?\b(?:\s*\((?P<zone>[\w/+-]+)\))?")
+# A login prompt, not a mention of /login (a limit message offers "/login to switch accounts").
+_LOGIN = re.compile(r"(?i)(not logged in|please run /login|invalid api key|"
                     r"authentication_error|oauth token (has )?expired|credit balance is too low)")
 
 
@@ -79,7 +88,8 @@ def limit_from_text(text: str, now: datetime) -> Limit | None:
 
     Rules, in order: an epoch after ``|`` (``Claude AI usage limit reached|1767225600``);
     ``retry-after N`` (s, or ms when the name or unit says so); ``resets 3pm`` /
-    ``resets 15:30 (Europe/Paris)`` (the next such clock time, in the named zone or UTC).
+    ``resets 15:30 (Europe/Paris)`` / ``resets Sep 15 at 7pm`` (the next such moment, in the
+    named zone, else in this machine's local zone: the CLI prints local time).
     """
     text = text or ""
     usage = bool(_USAGE.search(text))
@@ -96,14 +106,19 @@ def limit_from_text(text: str, now: datetime) -> Limit | None:
         in_ms = bool(retry.group(1)) or (retry.group(3) or "").lower() == "ms"
         reopens = now + timedelta(milliseconds=value if in_ms else value * 1000)
     elif resets:
-        reopens = _next_clock_time(now, int(resets.group(1)), int(resets.group(2) or 0),
-                                   (resets.group(3) or "").lower(), resets.group(4))
+        month = resets.group("month")
+        reopens = _next_clock_time(now, int(resets.group("hour")), int(resets.group("minute") or 0),
+                                   (resets.group("meridiem") or "").lower(), resets.group("zone"),
+                                   date=(_MONTHS.index(month.lower()[:3]) + 1, int(resets.group("day")))
+                                   if month else None)
     delay = None if reopens is None else max(0, int((reopens - now).total_seconds() * 1000))
     return Limit("usage_limit" if usage else "rate_limit", reopens, delay, text.strip()[:300])
 
 
 def _next_clock_time(now: datetime, hour: int, minute: int, meridiem: str,
-                     zone: str | None) -> datetime | None:
+                     zone: str | None, date: tuple[int, int] | None = None) -> datetime | None:
+    """The next moment after ``now`` at that clock time (on ``date`` = (month, day) when given),
+    in ``zone``, or in this machine's local zone when no zone or an unknown one is named."""
     if meridiem:
         if not 1 <= hour <= 12:
             return None
@@ -111,14 +126,29 @@ def _next_clock_time(now: datetime, hour: int, minute: int, meridiem: str,
     if hour > 23 or minute > 59:
         return None
     try:
-        tz = ZoneInfo(zone) if zone else timezone.utc
+        tz = ZoneInfo(zone) if zone else _local_zone()
     except (ZoneInfoNotFoundError, ValueError):
-        tz = timezone.utc
+        tz = _local_zone()
     local = now.astimezone(tz)
-    candidate = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
-    if candidate <= local:
-        candidate += timedelta(days=1)
-    return candidate.astimezone(timezone.utc)
+    if date is None:
+        candidate = local.replace(hour=hour, minute=minute, second=0, microsecond=0)
+        if candidate <= local:
+            candidate += timedelta(days=1)
+        return candidate.astimezone(timezone.utc)
+    for year in (local.year, local.year + 1):  # this year's date, or next year's once passed
+        try:
+            candidate = local.replace(year=year, month=date[0], day=date[1], hour=hour,
+                                      minute=minute, second=0, microsecond=0)
+        except ValueError:  # Feb 30 and the like
+            return None
+        if candidate > local:
+            return candidate.astimezone(timezone.utc)
+    return None
+
+
+def _local_zone() -> Any:
+    """This machine's local time zone (the CLI prints a reset time without a zone in it)."""
+    return datetime.now().astimezone().tzinfo or timezone.utc
 
 
 @dataclass
@@ -162,7 +192,8 @@ class StreamSummary:
 
 
 def _number(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0:
+    """A finite, non-negative number, else None (a cost of 1e999 must not stick the spend cap)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < math.inf:
         return float(value)
     return None
 
