@@ -489,6 +489,13 @@ def test_stdio_protocol_faults_get_standard_codes(tmp_path: Path) -> None:
             (json.dumps({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {
                 "name": "campaign_status", "arguments": {"pad": "x" * (1024 * 1024 + 10)}}}).encode(),
              6, -32600, "message_too_large"),
+            # MCP ids are strings or integers: the SDK would take these for notifications and
+            # never answer (JSON-RPC 2.0 §5: -32600 with id null when the id is unusable)
+            (b'{"jsonrpc": "2.0", "id": null, "method": "tools/list"}', None, -32600, "invalid_request"),
+            (b'{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', None, -32600, "invalid_request"),
+            (b'{"jsonrpc": "2.0", "id": 1.5, "method": "ping"}', None, -32600, "invalid_request"),
+            (b'{"jsonrpc": "2.0", "id": {"x": 1}, "method": "ping"}', None, -32600, "invalid_request"),
+            (b"[" * 5000 + b"]" * 5000, None, -32700, "parse_error"),  # nested past the parser
         ]
         for line, request_id, code, kind in cases:
             raw.send(line)

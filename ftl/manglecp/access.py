@@ -16,9 +16,11 @@ import hmac
 import json
 import math
 import threading
+import time
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ftl.manglecp.definitions import Clock, canonical_json
 
@@ -73,19 +75,35 @@ class BearerAuth:
 class Session:
     """One client connection (stdio, WebSocket, in-process) or one HTTP request.
 
-    Attributes:
+    A ``cancel`` may arrive before its request is tracked: while the request waits in the stdio
+    queue, is validated, or waits at the gate for an approval. The session remembers such
+    cancels (at most `EARLY_CANCEL_LIMIT` ids, each for `EARLY_CANCEL_TTL_S`), and the request
+    starts cancelled when it gets there; after `cancel_all` (the transport closed) every request
+    that gets there starts cancelled (MangleCP spec 02 §6.2: a cancelled request ends in
+    ``cancelled`` or its normal response, never runs on unasked).
+
+    Args:
         key: scope of the macro cache; defaults to the principal's identity.
         credentials: bearer token from an HTTP ``Authorization`` header (None on sessions,
             which authenticate with an ``authenticate`` message).
+        clock: monotonic seconds, for the early-cancel TTL; injected in tests.
+    Attributes:
         principal: set by ``authenticate`` on session transports.
     """
 
-    def __init__(self, key: str | None = None, credentials: str | None = None) -> None:
+    EARLY_CANCEL_LIMIT = 1024
+    EARLY_CANCEL_TTL_S = 3600.0  # outlives an approval wait at the gate
+
+    def __init__(self, key: str | None = None, credentials: str | None = None, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.key = key
         self.credentials = credentials
         self.principal: Principal | None = None
+        self._clock = clock
         self._running: dict[str, threading.Event] = {}
         self._given: dict[str, threading.Event] = {}  # the caller's own cancel events (in process)
+        self._early: OrderedDict[str, float] = OrderedDict()  # request id -> when its cancel came, s
+        self._closed = False  # cancel_all ran: nothing starts any more
         self._lock = threading.Lock()
 
     def give_cancel(self, request_id: str, event: threading.Event | None) -> None:
@@ -98,16 +116,53 @@ class Session:
             else:
                 self._given[request_id] = event
 
-    def claim_cancel_flag(self, request_id: str) -> threading.Event:
-        """The cancel flag for a new invocation: the caller's (`give_cancel`), else a new one."""
+    def _take_early(self, request_id: str) -> bool:
+        """Whether a cancel for ``request_id`` came early (and forget it). Caller holds the lock."""
+        now = self._clock()
+        while self._early and next(iter(self._early.values())) < now - self.EARLY_CANCEL_TTL_S:
+            self._early.popitem(last=False)
+        return self._early.pop(request_id, None) is not None
+
+    def cancel_pending(self, request_id: str) -> bool:
+        """Whether request ``request_id`` would start cancelled (a cancel came early, or the
+        session is closed), without consuming the cancel: lets the server skip work such as a
+        gate's approval wait."""
         with self._lock:
-            return self._given.pop(request_id, None) or threading.Event()
+            came_s = self._early.get(request_id)
+            return self._closed or (came_s is not None
+                                    and came_s >= self._clock() - self.EARLY_CANCEL_TTL_S)
+
+    def _remember(self, request_id: str) -> bool:
+        """Remember an early cancel for ``request_id`` (oldest dropped past the limit). Caller
+        holds the lock. Returns True."""
+        self._early[request_id] = self._clock()
+        self._early.move_to_end(request_id)
+        while len(self._early) > self.EARLY_CANCEL_LIMIT:
+            self._early.popitem(last=False)
+        return True
+
+    def claim_cancel_flag(self, request_id: str) -> threading.Event:
+        """The cancel flag for a new invocation: the caller's (`give_cancel`), else a new one.
+        Already set when a cancel for ``request_id`` came early or the session is closed (a
+        fresh event then: the caller's own is never set here)."""
+        with self._lock:
+            given = self._given.pop(request_id, None)
+            cancelled = self._take_early(request_id) or self._closed
+        if cancelled:
+            flag = threading.Event()
+            flag.set()
+            return flag
+        return given or threading.Event()
 
     def track_running(self, request_id: str, event: threading.Event) -> None:
         """Record ``event`` as the cancel flag of the running request ``request_id`` (so
-        `cancel` and `cancel_all` reach it) until `untrack_running`."""
+        `cancel` and `cancel_all` reach it) until `untrack_running`. It is set at once when a
+        cancel for ``request_id`` came early or the session is closed."""
         with self._lock:
             self._running[request_id] = event
+            cancelled = self._take_early(request_id) or self._closed
+        if cancelled:
+            event.set()
 
     def untrack_running(self, request_id: str) -> None:
         """Forget request ``request_id`` once it finished (no-op when it is not tracked)."""
@@ -115,17 +170,25 @@ class Session:
             self._running.pop(request_id, None)
 
     def cancel(self, request_id: str) -> bool:
-        """Signal the running request ``request_id``; False when it is not running."""
+        """Signal the running request ``request_id``. When it is not running (yet), remember the
+        cancel so the request starts cancelled if it comes (see the class doc).
+
+        Returns:
+            True when a running request was signalled, False when the cancel was remembered.
+        """
         with self._lock:
             event = self._running.get(request_id)
-        if event is None:
-            return False
+            if event is None:
+                self._remember(request_id)
+                return False
         event.set()
         return True
 
     def cancel_all(self) -> None:
-        """Signal every running request (transport closed, e.g. stdin EOF)."""
+        """Signal every running request and close the session: a request that starts later
+        starts cancelled (transport closed, e.g. stdin EOF with requests still queued)."""
         with self._lock:
+            self._closed = True
             given = {id(event) for event in self._given.values()}
             events = [event for event in self._running.values() if id(event) not in given]
         for event in events:

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ValidationError
 from ftl.errors import FtlError
 from ftl.manglecp.facts import validate_facts
 from ftl.manglecp.messages import (
-    Constraints, Fact, IntentResponse, InvokeResponse, Manifest, Progress, envelope, to_ftl_error)
+    Constraints, Fact, IntentResponse, InvokeResponse, Manifest, Progress, envelope, retry_hint_ms,
+    to_ftl_error)
 from ftl.manglecp.transport import Transport
 
 RETRYABLE_CODES = frozenset({"rate_limited", "server_not_ready"})
@@ -38,7 +39,9 @@ class ManglecpClient:
         sleep: ``sleep(seconds)``; injected in tests.
         max_retries: retries per request for retryable errors (capped at 5, spec 09 §7).
         backoff_base_ms, backoff_max_ms: exponential backoff, ms: ``base * 2**attempt`` capped,
-            and never less than the server's ``retry_after_ms``.
+            and never less than the server's ``retry_after_ms`` (a hint that is not a
+            non-negative number is ignored; a larger one is capped at ``backoff_max_ms``, also
+            in the raised error's ``retry_after_ms``).
         boot_timeout_s: how long to wait (in slept seconds) for a ``booting`` server.
         request_timeout_s: wait for one reply, s (None: no limit).
     """
@@ -144,11 +147,16 @@ class ManglecpClient:
             if reply.get("type") != "error" or not isinstance(reply.get("payload"), dict):
                 raise FtlError("invalid_request", {},
                                message=f"The server answered {reply.get('type')!r} to a {message_type}.")
-            error = reply["payload"]
+            error = dict(reply["payload"])
+            # A server's hint is honoured up to backoff_max_ms: a bad one ("soon", 1e400) is no
+            # hint, a huge one (1e12 ms) must not park a worker for years.
+            hint_ms = retry_hint_ms(error.get("retry_after_ms"))
+            if hint_ms is not None:
+                hint_ms = min(hint_ms, self.backoff_max_ms)
+            error["retry_after_ms"] = hint_ms
             if (error.get("code") in RETRYABLE_CODES and error.get("recoverable") is True
                     and attempt < self.max_retries):
-                wait_ms = max(float(error.get("retry_after_ms") or 0), self._backoff_ms(attempt))
-                self._sleep(wait_ms / 1000)
+                self._sleep(max(hint_ms or 0, self._backoff_ms(attempt)) / 1000)
                 attempt += 1
                 continue
             raise to_ftl_error(error)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import re
 from typing import Any, Literal, Mapping
 
@@ -32,7 +33,7 @@ _MOVED_TO_FACTS = ("RESERVED_PREFIX", "INT53_MAX", "FACT_ISSUES", "UNBOUNDED", "
 __all__ = [
     "PROTOCOL_VERSION", "SUPPORTED_VERSIONS", "MIN_MESSAGE_BYTES", "CLIENT_TYPES", "SERVER_TYPES",
     "MESSAGE_TYPES", "ID_REQUIRED_TYPES", "PRED_RE", "PRED_MAX_LEN",
-    "ProtocolError", "code_row", "http_status", "make_error", "to_ftl_error",
+    "ProtocolError", "code_row", "http_status", "make_error", "to_ftl_error", "retry_hint_ms",
     "Envelope", "Source", "Fact", "fact", "PredicateSchema", "FactsProfile", "ProtocolInfo", "Domain",
     "Endpoints", "IntentInfo", "Capabilities", "Limits", "AuthInfo", "Manifest", "IntentSpec",
     "Constraints", "DisclosureLevel", "Options", "IntentRequest", "Safety", "ToolMetadata",
@@ -190,9 +191,19 @@ def to_ftl_error(error_payload: Mapping[str, Any]) -> FtlError:
     if kind_name == "timeout":
         details.setdefault("what", "evaluation")
     message = error_payload.get("message")
-    retry = error_payload.get("retry_after_ms")
     return FtlError(kind_name, details, message=str(message) if message else None,
-                    retry_after_ms=int(retry) if isinstance(retry, (int, float)) else None)
+                    retry_after_ms=retry_hint_ms(error_payload.get("retry_after_ms")))
+
+
+def retry_hint_ms(value: Any) -> int | None:
+    """A server's ``retry_after_ms`` as whole ms, or None when it is no usable hint: not a
+    number (``"soon"``, a boolean), negative, NaN or infinite (spec 09 §2 makes it a
+    non-negative integer). Callers that sleep on it cap it themselves."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if not math.isfinite(value) or value < 0:
+        return None
+    return int(value)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -503,6 +514,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    """A JSON number with a fraction or exponent as a float; one beyond the double range (it
+    would read as infinity, which no reply could carry back) is refused."""
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a double")
+    return value
+
+
 def _pydantic_violations(exc: ValidationError, prefix: str = "") -> list[dict[str, str]]:
     return [{"path": prefix + "/" + "/".join(str(p) for p in err["loc"]), "message": err["msg"]}
             for err in exc.errors(include_url=False)]
@@ -531,7 +551,8 @@ def parse_message(raw: bytes | str | Mapping[str, Any], *,
         if data.startswith(b"\xef\xbb\xbf"):
             data = data[3:]  # tolerated on input; never sent
         try:
-            obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+            obj = json.loads(data.decode("utf-8"), parse_constant=_reject_constant,
+                             parse_float=_finite_float)
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
             raise ProtocolError("malformed_message", "The message is not valid UTF-8 JSON.",
                                 {"violations": [{"path": "/", "message": _short(exc)}]}) from None

@@ -48,13 +48,15 @@ from ftl.manglecp.facts import NormalFact, facts_error, format_time, parse_time,
 from ftl.manglecp.messages import (
     CLIENT_TYPES, MIN_MESSAGE_BYTES, PRED_RE, PROTOCOL_VERSION, SUPPORTED_VERSIONS, Cancel,
     FactsProfile, IntentRequest, InvokeRequest, Manifest, PredicateSchema, ProtocolError,
-    Authenticate, envelope, http_status, make_error, parse_message, parse_payload, to_ftl_error)
+    Authenticate, dumps, encode, envelope, http_status, make_error, parse_message, parse_payload,
+    to_ftl_error)
 from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
+from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
 
 # The server's own names, then the names re-exported from the modules split out of this one.
 __all__ = [
-    "ManglecpServer", "STATUSES", "http_error_status",
+    "ManglecpServer", "STATUSES", "encode_reply", "http_error_status",
     "ANONYMOUS", "BearerAuth", "ConfirmationTokens", "Principal", "Session", "TokenBucket",
     "BoundContext", "Clock", "EvaluationInput", "EvaluationResult", "Evaluator", "InvocationContext",
     "InvocationOutcome", "Selection", "ServerInfo", "ServerLimits", "Skill", "SystemClock",
@@ -400,11 +402,11 @@ class ManglecpServer:
         except FtlError as exc:
             row = exc.kind
             log.info("gate refused %s: %s (%s)", tool.name, exc.error_type, exc.details)
-            details = {**exc.safe_details(), "error_type": exc.error_type}
+            details = {**sanitize_value(exc.safe_details()), "error_type": exc.error_type}
             gate = row.gate or exc.details.get("gate")
             if gate:
-                details["gate"] = gate
-            raise ProtocolError(row.manglecp_code, exc.message, details,
+                details["gate"] = sanitize_text(str(gate), 256)
+            raise ProtocolError(row.manglecp_code, _safe_message(exc), details,
                                 retry_after_ms=exc.retry_after_ms, recoverable=row.recoverable) from None
         except Exception:
             correlation_id = uuid.uuid4().hex[:12]
@@ -459,7 +461,8 @@ class ManglecpServer:
                                     {"violations": [{"path": "/payload/eval_time",
                                                      "message": "'_' is not a point in time"}]})
             eval_time_ms = now_ms if parsed == "now" else int(parsed)
-            eval_time_used = request.eval_time
+            # "now" is echoed as the time it stood for (spec 05: the server's clock)
+            eval_time_used = format_time(eval_time_ms) if parsed == "now" else request.eval_time
         # The predicates present, at C speed: the passes below run only when they apply
         # (a request may carry 10,000 facts; issue 11 item 5).
         present = set(map(itemgetter(0), facts))
@@ -659,6 +662,8 @@ class ManglecpServer:
                                 f"The args do not match the input schema of {tool.name} "
                                 f"({len(schema_errors)} error(s)).",
                                 {"schema_errors": schema_errors, "tool": tool.name})
+        if session.cancel_pending(request_id):  # do not ask the gate (an approver) for nothing
+            raise ProtocolError("cancelled", "The invocation was cancelled.")
         gate_decision = self._gate_check(tool, request_id, request, macro, principal)
         if tool.requires_confirmation and not principal.auto_confirms(tool.side_effects):
             token = request.confirmation_token
@@ -704,6 +709,9 @@ class ManglecpServer:
             send(payload)
 
         session.track_running(request_id, cancel)
+        if cancel.is_set():  # cancelled before it was tracked (queued, validating, at the gate)
+            session.untrack_running(request_id)
+            raise ProtocolError("cancelled", "The invocation was cancelled.")
         send({"status": "started"})
         started = self.clock.monotonic()
         watch = None  # periodic "still running" for long invocations (spec 07 §7)
@@ -718,8 +726,8 @@ class ManglecpServer:
                 raise ProtocolError("cancelled", "The invocation was cancelled.") from None
             log.info("tool %s failed with %s (correlation id %s): %s", tool.name, exc.error_type,
                      correlation_id, exc.details)
-            details = {**exc.safe_details(), "error_type": exc.error_type}
-            raise ProtocolError(exc.kind.manglecp_code, exc.message, details,
+            details = {**sanitize_value(exc.safe_details()), "error_type": exc.error_type}
+            raise ProtocolError(exc.kind.manglecp_code, _safe_message(exc), details,
                                 retry_after_ms=exc.retry_after_ms, recoverable=exc.kind.recoverable) from None
         except Exception:
             if cancel.is_set():
@@ -740,6 +748,10 @@ class ManglecpServer:
         try:
             result = to_jsonable_python(result)
         except Exception:
+            result = None
+        if isinstance(result, dict) and not _encodable(result):
+            log.error("tool %s returned a result JSON cannot carry (NaN, infinity or nesting too deep; "
+                      "correlation id %s)", tool.name, correlation_id)
             result = None
         if not isinstance(result, dict):
             log.error("tool %s returned a non-object result (correlation id %s)", tool.name, correlation_id)
@@ -837,6 +849,51 @@ class ManglecpServer:
             log.error("%s produced an invalid retract pattern for %r", tool_name, pred)
             return None
         return {"pred": pred, "args": list(args)}
+
+
+def _safe_message(error: FtlError) -> str:
+    """The client-facing message of a tool's or a gate's `FtlError`, by the same rule as the
+    JSON-RPC and response-v2 surfaces (design §7: internals only in the server log): a message
+    carrying a traceback, SQL or policy text becomes the registry row's template; then secrets
+    are scrubbed, absolute paths cut and the text capped (`ftl.sanitize.sanitize_text`)."""
+    text = str(error.message or "")
+    if looks_internal(text):
+        text = error.template_message()
+    return sanitize_text(text) or error.error_type
+
+
+def _encodable(value: Any) -> bool:
+    """Whether `dumps` can write ``value``: no NaN or infinity (RFC 8259 has neither), no
+    nesting deep enough for RecursionError, nothing that is not JSON."""
+    try:
+        dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return False
+    return True
+
+
+def encode_reply(message: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
+    """The wire bytes of a server message, and the message they carry.
+
+    A message that cannot be encoded (a NaN in a gate decision, an infinite number in a proof
+    hint...) is logged under a new correlation id and replaced by an ``internal_error`` with the
+    same id, so the client always gets its final message instead of waiting for ever (spec 09
+    §2: every request ends in a response or an error). Transports send the returned bytes; a
+    replaced ``progress`` message should be dropped instead (the final one follows).
+
+    Returns:
+        (UTF-8 JSON without a newline, the message encoded: ``message`` or its replacement).
+    """
+    try:
+        return encode(message), message
+    except (ValueError, TypeError, RecursionError) as exc:
+        correlation_id = uuid.uuid4().hex[:12]
+        log.error("a %s for %r cannot be encoded (%s; correlation id %s)", message.get("type"),
+                  message.get("id"), type(exc).__name__, correlation_id)
+        replacement = make_error("internal_error",
+                                 f"The reply could not be encoded (correlation id {correlation_id}).",
+                                 {"correlation_id": correlation_id}, id=message.get("id"))
+        return encode(replacement), replacement
 
 
 def http_error_status(message: Mapping[str, Any]) -> int:

@@ -18,6 +18,7 @@ import queue
 import os
 import subprocess
 import threading
+import time
 import urllib.parse
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
@@ -188,8 +189,13 @@ class _Mailboxes:
             self._boxes.pop(request_id, None)
 
     def deliver(self, message: dict[str, Any]) -> bool:
+        """Queue ``message`` for its request; False when no request waits for its id (ids that
+        are not strings, e.g. an unhashable list, never match: spec 02 §2.1)."""
+        request_id = message.get("id")
+        if not isinstance(request_id, str):
+            return False
         with self._lock:
-            box = self._boxes.get(message.get("id"))  # type: ignore[arg-type]
+            box = self._boxes.get(request_id)
         if box is None:
             return False
         box.put(message)
@@ -247,32 +253,44 @@ class StdioTransport(Transport):
             raise
 
     def _read_loop(self) -> None:
+        """Dispatch the server's lines until its stdout closes. One bad line (not JSON, nested
+        too deep, an id that is not a string) is logged and skipped; whatever ends the loop,
+        every waiting request is woken with the reason (never left waiting for ever)."""
         stdout = self.process.stdout
         assert stdout is not None
         reason = "the server closed its output"
         try:
             for line in iter(stdout.readline, b""):
-                if not line.strip():
-                    continue
-                try:
-                    message = json.loads(line)
-                except ValueError:
-                    log.warning("ignoring a non-JSON line from the MangleCP server (%d bytes)", len(line))
-                    continue
-                if not isinstance(message, dict):
-                    continue
-                if message.get("type") == "manifest":
-                    with self._manifest_cond:
-                        self._manifest = message
-                        self._manifest_cond.notify_all()
-                elif not self._boxes.deliver(message) and message.get("type") == "error":
-                    log.warning("uncorrelated error from the MangleCP server: %s",
-                                message.get("payload", {}).get("code"))
+                if line.strip():
+                    try:
+                        self._dispatch(line)
+                    except Exception as exc:  # noqa: BLE001 - a bad line must not stop the reader
+                        log.warning("ignoring a line from the MangleCP server that cannot be read "
+                                    "(%d bytes, %s)", len(line), type(exc).__name__)
         except (OSError, ValueError) as exc:
             reason = f"reading from the server failed ({exc})"
-        self._boxes.close(reason)
-        with self._manifest_cond:
-            self._manifest_cond.notify_all()
+        except BaseException as exc:
+            reason = f"the reader stopped ({type(exc).__name__})"
+            raise
+        finally:
+            self._boxes.close(reason)
+            with self._manifest_cond:
+                self._manifest_cond.notify_all()
+
+    def _dispatch(self, line: bytes) -> None:
+        """Route one server line: a manifest replaces the current one, anything else goes to
+        the request its id names (unknown ids are ignored, conformance C-6)."""
+        message = json.loads(line)
+        if not isinstance(message, dict):
+            return
+        if message.get("type") == "manifest":
+            with self._manifest_cond:
+                self._manifest = message
+                self._manifest_cond.notify_all()
+        elif not self._boxes.deliver(message) and message.get("type") == "error":
+            payload = message.get("payload")
+            log.warning("uncorrelated error from the MangleCP server: %s",
+                        payload.get("code") if isinstance(payload, dict) else None)
 
     def manifest(self, *, refresh: bool = False, timeout_s: float = 60.0) -> dict[str, Any]:
         with self._manifest_cond:
@@ -310,20 +328,21 @@ class StdioTransport(Transport):
                 cancel: threading.Event | None = None, timeout_s: float | None = None) -> dict[str, Any]:
         request_id = str(message.get("id"))
         box = self._boxes.open(request_id)
-        waited = 0.0
+        # A monotonic deadline, not a count of empty polls: a server that keeps sending
+        # progress must still time out.
+        deadline = time.monotonic() + timeout_s if timeout_s is not None else None
         cancel_sent = False
         try:
             self.send(message)
             while True:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise _reply_timeout(timeout_s)
                 try:
                     reply = box.get(timeout=_POLL_S)
                 except queue.Empty:
-                    waited += _POLL_S
                     if cancel is not None and cancel.is_set() and not cancel_sent:
                         cancel_sent = True
                         self.send(cancel_message(request_id))
-                    if timeout_s is not None and waited >= timeout_s:
-                        raise _reply_timeout(timeout_s) from None
                     continue
                 if reply is None:
                     raise _network_error(self._boxes.closed_reason or "the server went away")

@@ -4,7 +4,8 @@ stdio (MangleCP spec 02 §5.3): the manifest is the first stdout line (status ``
 evaluation worker is warm, then an updated ``ready`` manifest), one JSON message per line in both
 directions, requests handled concurrently, ``cancel`` honoured, logs only on stderr (fd 1 is
 redirected to stderr for everything but the protocol, so no library or child process can corrupt
-the stream), exit on stdin EOF after cancelling running invocations.
+the stream), exit on stdin EOF after cancelling running and queued invocations (their
+`cancelled` replies still flush).
 
 HTTP (spec 02 §4.2): ``GET /.well-known/manglecp/manifest.json``, ``POST /manglecp/evaluate`` and
 ``/manglecp/invoke`` (also ``/evaluate`` and ``/invoke``), the spec 09 status code per error,
@@ -27,6 +28,7 @@ import logging
 import os
 import sys
 import threading
+import uuid
 from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,7 +40,7 @@ from ftl.errors import FtlError
 from ftl.manglecp.messages import ProtocolError, encode, make_error, parse_message
 from ftl.manglecp.access import BearerAuth, Principal, Session
 from ftl.manglecp.definitions import ServerLimits
-from ftl.manglecp.server import ManglecpServer, http_error_status
+from ftl.manglecp.server import ManglecpServer, encode_reply, http_error_status
 
 log = logging.getLogger("ftl.server.serve")
 
@@ -64,7 +66,10 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
     closed = threading.Event()
 
     def write(message: dict[str, Any]) -> None:
-        data = encode(message) + b"\n"
+        data, sent = encode_reply(message)
+        if sent is not message and message.get("type") == "progress":
+            return  # logged; the request's final message still follows
+        data += b"\n"
         with out_lock:
             if closed.is_set():
                 return
@@ -108,18 +113,30 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
                 continue
             if not line.strip():
                 continue
-            if len(line) < _PEEK_BYTES and _is_cancel(line):
-                run(line)  # inline: a cancel must not queue behind the requests it cancels
-            else:
-                pool.submit(run, line)
+            # The message is the line without its end: a message of exactly `limit` bytes
+            # MUST be accepted (spec 02 §3.4), so the newline must not count.
+            line = line.rstrip(b"\r\n")
+            try:
+                if len(line) < _PEEK_BYTES and _is_cancel(line):
+                    run(line)  # inline: a cancel must not queue behind the requests it cancels
+                else:
+                    pool.submit(run, line)
+            except Exception:  # one bad line must never end the session (in-flight work lives on)
+                correlation_id = uuid.uuid4().hex[:12]
+                log.exception("dispatching a stdio line failed (correlation id %s)", correlation_id)
+                write(make_error("internal_error",
+                                 f"An internal error occurred (correlation id {correlation_id}).",
+                                 {"correlation_id": correlation_id}))
         session.cancel_all()  # EOF: stop running invocations; their final replies still flush
     server.remove_manifest_listener(write)
 
 
 def _is_cancel(line: bytes) -> bool:
+    """True when ``line`` is a ``cancel`` message. Anything unreadable (bad UTF-8, invalid JSON,
+    nesting deep enough for RecursionError) is False: the worker's `parse_message` answers it."""
     try:
         message = json.loads(line)
-    except ValueError:
+    except Exception:
         return False
     return isinstance(message, dict) and message.get("type") == "cancel"
 
@@ -176,7 +193,8 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
     running_lock = threading.Lock()
 
     def reply(message: dict[str, Any], status: int | None = None, headers: dict | None = None) -> Response:
-        return Response(encode(message), status_code=status or http_error_status(message),
+        data, sent = encode_reply(message)
+        return Response(data, status_code=status or http_error_status(sent),
                         media_type="application/json", headers=headers)
 
     def credentials_of(request: Request) -> str | None:
@@ -219,7 +237,17 @@ def create_app(server: ManglecpServer, *, cors_origins: Sequence[str] = (),
         if media not in ("application/json", "application/manglecp+json"):
             return reply(make_error("malformed_message", "Send the message as application/json.",
                                     {"violations": [{"path": "/", "message": f"content type {media!r}"}]}))
-        body = await request.body()
+        # Read at most limit + 1 bytes: a body sent without Content-Length (chunked) is refused
+        # as soon as it passes the limit, never buffered whole.
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                return reply(make_error("message_too_large", f"The message is larger than {limit} bytes.",
+                                        {"limit_bytes": limit, "size_bytes": size}))
+        body = b"".join(chunks)
         try:
             env = parse_message(body, max_bytes=limit)
         except ProtocolError as exc:

@@ -35,16 +35,19 @@ lines on stderr (`ftl.telemetry.logs`); stdout carries only the protocol.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import io
 import json
 import logging
+import os
 import re
 import sqlite3
 import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
 import anyio
 import anyio.from_thread
@@ -588,21 +591,66 @@ class FtlMcpServer:
 
     # -- transport ---------------------------------------------------------------------------
 
-    async def serve(self, read_stream: Any, write_stream: Any) -> None:
+    async def serve(self, read_stream: Any, write_stream: Any, early_replies: Any = None) -> None:
         """Serve one connection over SDK streams (``SessionMessage | Exception`` in,
-        ``SessionMessage`` out), answering the protocol faults the SDK drops."""
+        ``SessionMessage`` out), answering the protocol faults the SDK drops.
+
+        Args:
+            early_replies: optional receive stream of ``SessionMessage`` replies made before
+                the SDK parsed a line (`serve_stdio`'s raw-line screen); forwarded to
+                ``write_stream``.
+        """
         send, receive = anyio.create_memory_object_stream[Any](0)
         async with anyio.create_task_group() as group:
             group.start_soon(self._screen, read_stream, send, write_stream)
+            if early_replies is not None:
+                group.start_soon(self._forward, early_replies, write_stream)
             await self.server.run(receive, write_stream, self.server.create_initialization_options())
             group.cancel_scope.cancel()
 
     async def serve_stdio(self) -> None:
-        """Serve MCP on this process's stdin/stdout until stdin closes."""
+        """Serve MCP on this process's stdin/stdout until stdin closes.
+
+        Each stdin line is screened before the SDK parses it (`screen_line`): the SDK reads a
+        request whose id is null, a boolean or a fraction as a notification and would never
+        answer it. fd 0 reads the null device meanwhile (`_private_stdin`), as the SDK does.
+        """
         from mcp.server.stdio import stdio_server
 
-        async with stdio_server() as (read_stream, write_stream):
-            await self.serve(read_stream, write_stream)
+        early_send, early_receive = anyio.create_memory_object_stream[SessionMessage](64)
+        with _private_stdin() as raw:
+            lines = _ScreenedLines(anyio.wrap_file(io.TextIOWrapper(raw, encoding="utf-8", errors="replace")),
+                                   self.screen_line, early_send)
+            async with stdio_server(stdin=lines) as (read_stream, write_stream):
+                await self.serve(read_stream, write_stream, early_receive)
+
+    def screen_line(self, line: str) -> types.JSONRPCError | None:
+        """The -32600 reply (id null) for a raw stdio line that is a request with an id MCP
+        forbids (null, a boolean, a fraction, an object...: MCP wants a string or an integer,
+        JSON-RPC 2.0 §5 wants id null when the id cannot be used); None to pass the line on.
+        Lines that are not JSON objects are left to the SDK (its faults are answered in
+        `_screen_one`). Never raises."""
+        try:
+            message = json.loads(line)
+            if not (isinstance(message, dict) and "method" in message and "id" in message):
+                return None
+            request_id = message["id"]
+            if isinstance(request_id, str) or (isinstance(request_id, int) and not isinstance(request_id, bool)):
+                return None
+            return self._error_reply(FtlError("invalid_request", message=(
+                "A request id must be a string or an integer; null, booleans and fractions are "
+                "refused.")), None)
+        except Exception:  # noqa: BLE001 - unreadable here (deep nesting...): the SDK answers it
+            return None
+
+    @staticmethod
+    async def _forward(replies: Any, outbound: Any) -> None:
+        async with replies:
+            async for reply in replies:
+                try:
+                    await outbound.send(reply)
+                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    return
 
     async def _screen(self, inbound: Any, forward: Any, outbound: Any) -> None:
         async with forward:
@@ -662,6 +710,43 @@ class FtlMcpServer:
     def _error_reply(self, error: FtlError, request_id: Any) -> types.JSONRPCError:
         failure = self.mcp_error(error, self.ids.next())
         return types.JSONRPCError(jsonrpc="2.0", id=request_id, error=failure.error)
+
+
+class _ScreenedLines:
+    """The stdin lines the SDK's stdio reader iterates, minus the requests `screen_line`
+    answers itself (their replies go to ``replies``, a stream `FtlMcpServer.serve` forwards)."""
+
+    def __init__(self, source: Any, screen: Callable[[str], Any], replies: Any) -> None:
+        self._source, self._screen, self._replies = source, screen, replies
+
+    def __aiter__(self) -> "_ScreenedLines":
+        return self
+
+    async def __anext__(self) -> str:
+        while True:
+            line = await self._source.readline()
+            if not line:
+                await self._replies.aclose()
+                raise StopAsyncIteration
+            reply = self._screen(line)
+            if reply is None:
+                return line
+            await self._replies.send(SessionMessage(reply))
+
+
+@contextlib.contextmanager
+def _private_stdin() -> Iterator[BinaryIO]:
+    """The protocol's stdin on a private descriptor, while fd 0 reads the null device (so no
+    library or child process can read a protocol line); fd 0 is restored on exit. The private
+    descriptor is left open: a worker thread may still be blocked reading it (as in the SDK)."""
+    private = os.dup(0)  # not inherited by children (PEP 446)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    try:
+        yield os.fdopen(private, "rb", closefd=False)
+    finally:
+        os.dup2(private, 0)
 
 
 def _progress_reporter(ctx: Any) -> Callable[[float, float | None, str | None], None]:
