@@ -26,6 +26,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from click.testing import CliRunner
 from mcp import Client, MCPError, StdioServerParameters
 
 from ftl.errors import FtlError
+from ftl.events import read_events
 from ftl.surfaces.jsonrpc import CorrelationIds
 from ftl.surfaces.mcp_server import TOOLS, FtlMcpServer, mcp
 from ftl.telemetry.metrics import Metrics
@@ -127,7 +129,8 @@ class FailingRunner:
     def __init__(self, exc: BaseException) -> None:
         self.exc = exc
 
-    def __call__(self, repo: Path, config: Any, on_event: Any = None) -> "FailingRunner":
+    def __call__(self, repo: Path, config: Any, on_event: Any = None,
+                 interrupt: Any = None) -> "FailingRunner":
         return self
 
     def start(self, objective: str, **kwargs: Any) -> Any:
@@ -551,3 +554,32 @@ def test_ftl_mcp_is_a_cli_command_and_refuses_a_bad_repo(tmp_path: Path) -> None
     env = json.loads(envelope_line)
     assert env["success"] is False and env["data"]["ftl_error_type"] == "not_found"
     assert str(tmp_path) not in result.stderr and result.stdout == ""
+
+
+def test_a_cancelled_campaign_run_stops_the_run_resumably(tmp_path: Path) -> None:
+    # The client gives up on campaign_run (notifications/cancelled): the run must stop
+    # (cancelled, resumable) rather than go on changing the repository unseen.
+    repo = git_repo(tmp_path / "repo")
+    slow = {"seq": "001", "slug": "slow", "run": "sleep 20", "verify": "true", "depends": "none"}
+    write(repo, "plan.json", plan(slow))
+    server = make_server(repo)
+    began = time.monotonic()
+
+    async def main() -> None:
+        async with Client(server.server) as client:
+            with anyio.move_on_after(1.5):
+                await client.call_tool("campaign_run", {"plan": "plan.json"})
+
+    anyio.run(main)
+    logs = list((repo / ".ftl" / "events").glob("*.jsonl"))
+
+    def ended() -> bool:
+        return bool(logs) and any(e["event"] == "RUN_END" for e in read_events(logs[0]))
+
+    deadline = time.monotonic() + 15
+    while not ended() and time.monotonic() < deadline:
+        time.sleep(0.05)
+        logs = logs or list((repo / ".ftl" / "events").glob("*.jsonl"))
+    end = [e for e in read_events(logs[0]) if e["event"] == "RUN_END"][-1]
+    assert end["outcome"] == "cancelled" and end["resumable"] is True
+    assert time.monotonic() - began < 15  # the 20 s build was stopped, not waited out

@@ -45,7 +45,7 @@ import re
 import sqlite3
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterator, Mapping
 
@@ -145,10 +145,14 @@ class CallContext:
         correlation_id: the request's id (also the envelope's ``meta.request_id``).
         report: ``report(progress, total, message)`` sends an MCP progress notification when
             the client asked for them (a no-op otherwise); callable from any thread.
+        cancel: set when the client cancels the call (``notifications/cancelled``): a campaign
+            run hands it to its `ftl.engine.runner.Runner` as ``interrupt``, so the run stops
+            (cancelled, resumable) instead of going on changing the repository unseen.
     """
 
     correlation_id: str
     report: Callable[[float, float | None, str | None], None] = lambda *_: None
+    cancel: threading.Event = field(default_factory=threading.Event)
 
 
 class _RunProgress:
@@ -230,7 +234,7 @@ def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, call: CallConte
         raise FtlError("invalid_params", {"schema_errors": [
             {"path": "/objective", "message": "give an objective or a plan that has one",
              "keyword": "required"}]})
-    runner = server.runner_factory(repo, config, on_event=server.listener(call))
+    runner = server.runner_factory(repo, config, on_event=server.listener(call), interrupt=call.cancel)
     return _run_outcome(runner.start(objective, plan_input=plan_input), cid)
 
 
@@ -238,7 +242,7 @@ def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, call: Cal
     cid = call.correlation_id
     repo = server.resolve_repo(args.repo)
     runner = server.runner_factory(repo, server.config_for(repo, jobs=args.jobs),
-                                   on_event=server.listener(call))
+                                   on_event=server.listener(call), interrupt=call.cancel)
     return _run_outcome(runner.resume(args.campaign_id), cid)
 
 
@@ -420,7 +424,7 @@ class FtlMcpServer:
         config_path: ``--config`` file (default: each repository's ``ftl.toml``); its ``[gates]``
             gate every call.
         metrics: counters (default: the process-wide `ftl.telemetry.metrics.METRICS`).
-        runner_factory: ``factory(repo, config, on_event=...) -> Runner`` (default
+        runner_factory: ``factory(repo, config, on_event=..., interrupt=...) -> Runner`` (default
             `ftl.engine.runner.Runner`; tests pass one with an in-process tool server).
         gatekeeper: an object with ``visible(tool) -> bool`` and ``check(call)`` to use instead
             of building `ftl.gate.Gatekeeper` from ``[gates]``.
@@ -541,7 +545,14 @@ class FtlMcpServer:
                 await anyio.to_thread.run_sync(gates.check, call)
             args = _validate(spec, arguments)
             call_context = CallContext(cid, _progress_reporter(ctx))
-            outcome = await anyio.to_thread.run_sync(spec.run, self, args, call_context)
+            try:
+                # abandon_on_cancel: a cancelled call returns at once; the thread goes on until
+                # the run has seen its cancel (the interrupt) and ended resumable.
+                outcome = await anyio.to_thread.run_sync(spec.run, self, args, call_context,
+                                                         abandon_on_cancel=True)
+            except anyio.get_cancelled_exc_class():
+                call_context.cancel.set()
+                raise
         except FtlError as error:
             if not error.kind.as_tool_result:
                 raise
