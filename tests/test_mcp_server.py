@@ -583,3 +583,18 @@ def test_a_cancelled_campaign_run_stops_the_run_resumably(tmp_path: Path) -> Non
     end = [e for e in read_events(logs[0]) if e["event"] == "RUN_END"][-1]
     assert end["outcome"] == "cancelled" and end["resumable"] is True
     assert time.monotonic() - began < 15  # the 20 s build was stopped, not waited out
+
+
+def test_replay_log_cuts_long_lists_and_every_answer_is_standard_json(tmp_path: Path, monkeypatch) -> None:
+    import ftl.surfaces.mcp_server as surface
+
+    drill = Path(__file__).parent / "logs" / "drill.jsonl"
+    write(tmp_path, "drill.jsonl", drill.read_text())
+    monkeypatch.setattr(surface, "REPLAY_LIST_LIMIT", 2)
+    data = envelope_of(one(make_server(tmp_path), "replay_log", {"path": "drill.jsonl"}),
+                       is_error=False)
+    assert data["data"]["cut"]["tasks"] > 2 and len(data["data"]["tasks"]) == 2
+    assert "REPLAY_LISTS_CUT" in [w["code"] for w in data["meta"]["warning_details"]]
+    result = surface.Outcome({"summary": {"cost": float("nan"), "spans": [float("inf")]}}).result()
+    assert json.loads(result.content[0].text, parse_constant=lambda name: pytest.fail(name)) == {
+        "summary": {"cost": "nan", "spans": ["inf"]}}

@@ -364,24 +364,24 @@ def write_json(payload: Any, handle: Any, *, indent: int | None = 2) -> None:
     Keys sorted; values JSON cannot hold are written as ``str(value)``, and so are NaN and the
     infinities (``"nan"``, ``"inf"``), which JSON has no number for."""
     encoder = json.JSONEncoder(indent=indent, sort_keys=True, default=str, allow_nan=False)
-    payload = _finite(payload)
+    payload = json_finite(payload)
     write = handle.write
     for chunk in encoder.iterencode(payload):
         write(chunk)
     write("\n")
 
 
-def _finite(value: Any) -> Any:
-    """``value`` with every NaN or infinity float made its text (`write_json`); a `JsonArray`
-    stays on demand."""
+def json_finite(value: Any) -> Any:
+    """``value`` with every NaN or infinity float made its text (``"nan"``, ``"inf"``), so that
+    it encodes as standard JSON (`write_json`, the MCP surface); a `JsonArray` stays on demand."""
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     if isinstance(value, JsonArray):  # still on demand: each item made finite as it is read
-        return JsonArray(lambda array=value: (_finite(item) for item in array._items()), len(value))
+        return JsonArray(lambda array=value: (json_finite(item) for item in array._items()), len(value))
     if isinstance(value, dict):
-        return {key: _finite(item) for key, item in value.items()}
+        return {key: json_finite(item) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(item) for item in value]
+        return [json_finite(item) for item in value]
     return value
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import io
+import itertools
 import json
 import logging
 import os
@@ -185,7 +186,14 @@ class Outcome:
     is_error: bool = False
 
     def result(self) -> types.CallToolResult:
-        text = json.dumps(self.envelope, sort_keys=True, default=str, ensure_ascii=False)
+        try:
+            text = json.dumps(self.envelope, sort_keys=True, default=str, ensure_ascii=False,
+                              allow_nan=False)
+        except ValueError:  # a NaN or an infinity (a summary's number): JSON has none
+            from ftl.postmortem.timeline import json_finite
+
+            text = json.dumps(json_finite(self.envelope), sort_keys=True, default=str,
+                              ensure_ascii=False, allow_nan=False)
         return types.CallToolResult(content=[types.TextContent(type="text", text=text)],
                                     structured_content=json.loads(text), is_error=self.is_error)
 
@@ -343,7 +351,7 @@ def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> O
         raise FtlError("not_found", {"what": f"event log {Path(args.path).name}"})
     try:
         with replay([path]) as result:  # closing deletes the spool's temporary database now
-            data = result.to_json()
+            data, cut = _capped(result.to_json(lazy=True), REPLAY_LIST_LIMIT)
             if args.check:
                 data["check"] = {"passed": not result.violations, "violations": len(result.violations)}
             torn = result.torn_tail
@@ -352,7 +360,33 @@ def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> O
                                              "the replay's records (set TMPDIR to one)"}) from None
     warnings = [envelope.Warning("LOG_TAIL_REPAIRED", "the last line was torn and skipped")] \
         if torn else []
+    if cut:
+        data["cut"] = cut
+        warnings.append(envelope.Warning("REPLAY_LISTS_CUT", (
+            f"lists longer than {REPLAY_LIST_LIMIT} are cut to their first {REPLAY_LIST_LIMIT} "
+            "(data.cut gives each total); `ftl replay LOG --format json` lists everything")))
     return Outcome(envelope.success(data, warnings=warnings, request_id=cid))
+
+
+#: The most items of each list a ``replay_log`` answer carries: the answer is one message in
+#: memory on both sides, so a long log is summarised rather than sent whole.
+REPLAY_LIST_LIMIT = 2000
+
+
+def _capped(data: dict[str, Any], limit: int) -> tuple[dict[str, Any], dict[str, int]]:
+    """``data`` (`Replay.to_json(lazy=True)`) with each list read up to ``limit`` items, and
+    ``{name: total}`` for the lists that were longer."""
+    cut: dict[str, int] = {}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, list):  # a JsonArray is a list read on demand
+            total = len(value)
+            out[key] = list(itertools.islice(iter(value), limit))
+            if total > limit:
+                cut[key] = total
+        else:
+            out[key] = value
+    return out, cut
 
 
 def _intents(server: "FtlMcpServer", args: IntentsArgs, call: CallContext) -> Outcome:
