@@ -21,6 +21,7 @@ import json
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -184,16 +185,7 @@ def test_a_cluster_with_no_node_with_cpus_at_the_start_stops_the_run_resumably(
     config.write_text("[executor]\nlost_after_s = 1\n")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0,
                                                             "include_dashboard": False})
-    try:
-        proc = _run(repo, plan, cluster.address, config, tmp_path / "stderr.txt")
-        try:
-            out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    finally:
-        cluster.shutdown()
-    assert proc.returncode == 75, out[-2000:] + (tmp_path / "stderr.txt").read_text()[-2000:]
+    out = _stopped_resumably(repo, plan, cluster, config, tmp_path / "stderr.txt")
     envelope = json.loads(out)
     assert envelope["data"]["ftl_error_type"] == "cluster_lost"
     assert "no live node with CPUs" in envelope["error"], envelope["error"]
@@ -201,6 +193,22 @@ def test_a_cluster_with_no_node_with_cpus_at_the_start_stops_the_run_resumably(
     assert [(e["task_seq"], e["status"]) for e in events if e["event"] == "TASK_END"] == [
         ("001", "cancelled")]
     assert [e["resumable"] for e in events if e["event"] == "RUN_END"] == [True]
+
+
+def _stopped_resumably(repo: Path, plan: Path, cluster: Any, config: Path, stderr: Path) -> str:
+    """Run the campaign on ``cluster`` to its end (the cluster is shut down after), check it
+    stopped with exit 75, and return its stdout (the envelope)."""
+    try:
+        proc = _run(repo, plan, cluster.address, config, stderr)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    finally:
+        cluster.shutdown()
+    assert proc.returncode == 75, out[-2000:] + stderr.read_text()[-2000:]
+    return out
 
 
 def test_a_command_killed_with_its_node_is_the_node_s_loss_not_the_task_s(tmp_path: Path) -> None:
@@ -214,16 +222,7 @@ def test_a_command_killed_with_its_node_is_the_node_s_loss_not_the_task_s(tmp_pa
     config = tmp_path / "ftl.toml"
     config.write_text("[executor]\nlost_after_s = 1\n")
     cluster, _ = _cluster()
-    try:
-        proc = _run(repo, plan, cluster.address, config, tmp_path / "stderr.txt")
-        try:
-            out, _ = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    finally:
-        cluster.shutdown()
-    assert proc.returncode == 75, out[-2000:] + (tmp_path / "stderr.txt").read_text()[-2000:]
+    out = _stopped_resumably(repo, plan, cluster, config, tmp_path / "stderr.txt")
     events = _events(repo)
     failures = [(e["task_seq"], e["error_type"]) for e in events if e["event"] == "TOOL_FAILURE"]
     assert failures == [("001", "cancelled")], failures
