@@ -20,6 +20,8 @@ This module imports nothing of ftl's: it sits at the bottom of the dependency gr
 from __future__ import annotations
 
 import enum
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
@@ -429,3 +431,30 @@ class FtlError(Exception):
 
 def _rebuild(error_type: str, details: dict, message: str, retry_after_ms: int | None) -> FtlError:
     return FtlError(error_type, details, message=message, retry_after_ms=retry_after_ms)
+
+
+# A unit's first letters -> ms per unit (checked in order: "ms"/"msec"/"milli" before "m").
+_UNIT_MS = (("milli", 1), ("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
+
+
+@functools.cache
+def _retry_after_pattern() -> re.Pattern[str]:
+    # Compiled at first use: this module loads on the light commands.
+    return re.compile(
+        r"(?i)retry[-_ ]after(?P<header_ms>[-_ ]?ms)?\"?\s*[:=]?\s*\"?(?P<value>\d+(?:\.\d+)?)\s*"
+        r"(?P<unit>milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)?\b")
+
+
+def retry_after_ms(text: str) -> int | None:
+    """A server's retry-after hint found in ``text`` (a command's output, an API error), in ms:
+    ``Retry-After: 7`` -> 7000 (an HTTP header's seconds), ``retry_after_ms=250`` -> 250,
+    ``"retry-after": "7"`` -> 7000, ``retry after 2 minutes`` -> 120000; units ms, s, min and h in
+    their usual spellings. None when ``text`` gives none."""
+    match = _retry_after_pattern().search(text or "")
+    if not match:
+        return None
+    value, unit = float(match.group("value")), (match.group("unit") or "").lower()
+    if not unit:
+        return int(value if match.group("header_ms") else value * 1000)
+    per_unit = next(ms for prefix, ms in _UNIT_MS if unit.startswith(prefix))
+    return int(value * per_unit)

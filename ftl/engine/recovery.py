@@ -24,7 +24,7 @@ from typing import Any, Callable, TypeVar
 from tenacity import RetryCallState, Retrying
 
 from ftl import events as ev
-from ftl.errors import FtlError
+from ftl.errors import FtlError, retry_after_ms
 
 T = TypeVar("T")
 
@@ -46,27 +46,6 @@ _STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named"
                 r"|No such file or directory)"), "dependency_missing"),
 )
-_RETRY_AFTER = re.compile(
-    r"(?i)retry[-_ ]after(?P<header_ms>[-_ ]?ms)?\s*[:=]?\s*(?P<value>\d+(?:\.\d+)?)\s*"
-    r"(?P<unit>milliseconds?|msecs?|ms|seconds?|secs?|s|minutes?|mins?|m|hours?|hrs?|h)?\b")
-# A unit's first letters -> ms per unit (checked in order: "ms"/"msec"/"milli" before "m").
-_UNIT_MS = (("milli", 1), ("ms", 1), ("s", 1000), ("m", 60_000), ("h", 3_600_000))
-
-
-def retry_after_ms(output: str) -> int | None:
-    """A server's retry-after hint found in ``output``, in ms: ``Retry-After: 7`` -> 7000 (an
-    HTTP header's seconds), ``retry_after_ms=250`` -> 250, ``retry after 2 minutes`` -> 120000;
-    units ms, s, min and h in their usual spellings."""
-    match = _RETRY_AFTER.search(output or "")
-    if not match:
-        return None
-    value, unit = float(match.group("value")), (match.group("unit") or "").lower()
-    if not unit:
-        return int(value if match.group("header_ms") else value * 1000)
-    per_unit = next(ms for prefix, ms in _UNIT_MS if unit.startswith(prefix))
-    return int(value * per_unit)
-
-
 def classify_command(result: dict[str, Any], *, what: str, seq: str | None = None) -> FtlError:
     """Turn a failed command result (builder or verifier output) into a registry error.
 

@@ -31,6 +31,8 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from ftl.errors import retry_after_ms
+
 __all__ = ["StreamReader", "StreamSummary", "Limit", "limit_from_text", "not_logged_in",
            "TOKEN_KINDS", "KNOWN_EVENT_TYPES"]
 
@@ -43,7 +45,6 @@ _RATE = re.compile(r"(?i)(\b429\b|rate[_ ]limit|too many requests|overloaded|\b5
 _USAGE = re.compile(r"(?i)(usage limit|limit reached|hit your (?:[\w-]+ )?limit|out of (extra )?usage"
                     r"|\b(?:session|weekly|daily|\d+-hour) limit\b)")
 _EPOCH = re.compile(r"\|\s*(\d{10})\b")
-_RETRY_AFTER = re.compile(r"(?i)retry[-_ ]after(?:[-_ ]?(ms))?\"?\s*[:=]?\s*\"?(\d+(?:\.\d+)?)\s*(ms|s)?")
 _MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
 # "resets 3pm", "resets at 15:30 (Europe/Paris)", "resets Sep 15 at 7pm", "resets Jul 31, 2am".
 _RESETS = re.compile(
@@ -97,14 +98,12 @@ def limit_from_text(text: str, now: datetime) -> Limit | None:
         return None
     reopens: datetime | None = None
     epoch = _EPOCH.search(text)
-    retry = _RETRY_AFTER.search(text)
+    retry = retry_after_ms(text)
     resets = _RESETS.search(text)
     if epoch:
         reopens = datetime.fromtimestamp(int(epoch.group(1)), timezone.utc)
-    elif retry:
-        value = float(retry.group(2))
-        in_ms = bool(retry.group(1)) or (retry.group(3) or "").lower() == "ms"
-        reopens = now + timedelta(milliseconds=value if in_ms else value * 1000)
+    elif retry is not None:
+        reopens = now + timedelta(milliseconds=retry)
     elif resets:
         month = resets.group("month")
         reopens = _next_clock_time(now, int(resets.group("hour")), int(resets.group("minute") or 0),
