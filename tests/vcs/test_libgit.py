@@ -228,6 +228,72 @@ def test_status_equals_git_status(setup: dict, ops: list, where: str) -> None:
         assert before in (expected, None) and after in (expected, None)
 
 
+KEPT_OPS = st.one_of(
+    OPS,
+    st.just(("filter",)),  # a filter driver appears: libgit2 must step aside from now on
+    st.just(("unfilter",)),
+    st.just(("remake",)),  # the checkout is removed and made again at the same place
+    st.just(("commit",)),  # HEAD moves
+)
+
+
+def apply_kept(root: Path, op: tuple, setup: dict) -> None:
+    kind = op[0]
+    if kind == "filter":
+        git(root, "config", "filter.lfs.clean", "git-lfs clean -- %f")
+    elif kind == "unfilter":
+        git(root, "config", "--remove-section", "filter.lfs", check=False)
+    elif kind == "remake":
+        shutil.rmtree(root)
+        make_repo(root, {**setup, "attributes": ""})
+        (root / "a.txt").write_text("remade\n")
+    elif kind == "commit":
+        git(root, "add", "-A", check=False)
+        git(root, "commit", "-q", "--allow-empty", "-m", "next", check=False)
+    else:
+        apply(root, op)
+
+
+@settings(DIFFERENTIAL, max_examples=15)
+@given(setup=SETUPS, ops=st.lists(KEPT_OPS, min_size=1, max_size=6), where=st.sampled_from(("", "d")))
+def test_status_from_a_kept_repository_follows_every_change(setup: dict, ops: list, where: str) -> None:
+    """`libgit.status` keeps its repository object per thread between calls: after each change
+    to the same checkout (files, index, config, HEAD, the checkout made anew) it still answers
+    like git, or steps aside where a fresh open would."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "r"
+        make_repo(root, {**setup, "attributes": ""})
+        libgit.status(root / where)
+        for op in ops:
+            apply_kept(root, op, setup)
+            if not (root / where).is_dir():
+                continue
+            kept = libgit.status(root / where)
+            libgit._forget_kept(root / where)
+            fresh = libgit.status(root / where)
+            assert kept == fresh
+            expected = cli_status(root / where)
+            assert kept in (expected, None)
+            if kept is None:
+                assert status_steps_aside(root) or "filter.lfs.clean" in git(root, "config", "-l")
+
+
+def test_status_of_a_place_that_became_another_repositorys_worktree(tmp_path: Path) -> None:
+    """A kept repository is not used for a checkout that replaced it at the same path: here a
+    worktree of another repository, whose index and HEAD live in that repository's git dir."""
+    root, other = tmp_path / "r", tmp_path / "other"
+    make_repo(root)
+    make_repo(other)
+    (other / "a.txt").write_text("committed elsewhere\n")
+    git(other, "commit", "-q", "-am", "other")
+    (root / "a.txt").write_text("pending\n")
+    assert libgit.status(root) == {"a.txt": " M"}
+    shutil.rmtree(root)
+    git(other, "worktree", "add", "-q", str(root), "HEAD~1")
+    (root / "b").write_text("changed\n")
+    assert libgit.status(root) == cli_status(root) == {"b": " M"}
+
+
 def test_status_of_the_cases_by_name(tmp_path: Path) -> None:
     """The operations the differential test draws from, each once, with git's answer spelled out."""
     root = tmp_path / "r"

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
-from ftl.processes import forget, parent_death_setup, pid_stat, record
+from ftl.processes import parent_death_setup, pid_stat, record, release
 
 __all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
            "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
@@ -460,7 +460,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         if proc.returncode is None:  # an exception escaped the loop: do not leak the group
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
-        forget(entry)  # the group was stopped above: nothing of it is left to reap
+        release(entry)  # the group was stopped above: nothing of it is left to reap
 
     exit_code = None if (timed_out or cancelled or idle_timed_out) else proc.returncode
     return CommandResult(exit_code=exit_code, output=both.text(), stdout=out.text(),
