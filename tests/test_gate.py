@@ -5,6 +5,7 @@ commands; clocks and sleeps are injected where the gate waits."""
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import textwrap
 from pathlib import Path
@@ -189,6 +190,19 @@ def test_any_forbid_beats_permits(tmp_path: Path) -> None:
     error = refusal(gk, call(delta=("deploy/production.toml",)))
     assert error.error_type == "policy_denied" and error.kind.jsonrpc_code == -32003
     assert error.details == {"tool": "shell_builder", "gate": "policy"}
+
+
+def test_policies_no_rule_routes_to_are_named_at_load(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """ThoughtGate's V-004 as a warning: [gates.policy] with no route to it is never consulted."""
+    gates = policy_gates(tmp_path, FORBID_DEPLOY)
+    with caplog.at_level(logging.WARNING, logger="ftl.gate"):
+        keeper(tmp_path, gates)
+    assert not [r for r in caplog.records if "[gates.policy]" in r.getMessage()]
+    gates["governance"]["rules"] = [{"match": {"tool": "shell_builder"}, "action": "forward"}]
+    with caplog.at_level(logging.WARNING, logger="ftl.gate"):
+        gk = keeper(tmp_path, gates)
+    assert [r for r in caplog.records if "never consulted" in r.getMessage()]
+    assert gk.check(call()).outcome == "forward"  # a warning, not a refusal: the route decides
 
 
 def test_no_matching_policy_denies(tmp_path: Path) -> None:

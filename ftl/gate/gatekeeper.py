@@ -73,6 +73,12 @@ class Gatekeeper:
         if needs_approval and config.approval.mode is None:
             log.warning("[gates] routes calls to approval but [gates.approval] sets no mode; "
                         "those calls will fail with approval_not_found")
+        if policies is not None and "policy" not in routes:
+            # ThoughtGate's V-004 (a policy_id without action: policy) is a warning too: the
+            # policies load and are checked, but no call ever reaches them.
+            log.warning("[gates.policy] is set but no governance rule (nor the default) has "
+                        "action 'policy', so its Cedar policies are never consulted; route "
+                        "calls to it with action = \"policy\" or remove [gates.policy]")
         return cls(config=config, repo=repo, policies=policies, prompt_io=prompt_io, clock=clock,
                    sleep=sleep, command_argv=command, count=count)
 
