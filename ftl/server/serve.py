@@ -103,7 +103,8 @@ def serve_stdio(server: ManglecpServer, stdin: BinaryIO, stdout: BinaryIO, *,
             line = stdin.readline(limit + 2)
             if not line:
                 break
-            if len(line) > limit + 1 or (not line.endswith(b"\n") and len(line) == limit + 2):
+            ending = 2 if line.endswith(b"\r\n") else 1 if line.endswith(b"\n") else 0
+            if len(line) - ending > limit or (not ending and len(line) == limit + 2):
                 size = len(line)
                 while line and not line.endswith(b"\n"):  # discard the rest of the oversized line
                     line = stdin.readline(1 << 20)

@@ -361,7 +361,8 @@ def test_a_server_that_only_sends_progress_still_times_out(manifest_file):
     assert exc.value.error_type == "timeout" and exc.value.details["timeout_s"] == 0.3
 
 
-def test_a_message_of_exactly_the_limit_is_accepted_over_stdio_and_one_byte_more_is_not():
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n"])
+def test_a_message_of_exactly_the_limit_is_accepted_over_stdio_and_one_byte_more_is_not(newline: bytes):
     server = make_server()
     limit = server.limits.max_message_bytes  # 16 MiB: spec 02 §3.4 says this size MUST pass
     lines = []
@@ -371,7 +372,8 @@ def test_a_message_of_exactly_the_limit_is_accepted_over_stdio_and_one_byte_more
         message["payload"]["x-pad"] = "a" * (size - len(encode(message)))
         lines.append(encode(message))
         assert len(lines[-1]) == size
-    replies = _stdio_replies(server, b"\n".join(lines) + b"\n", {"at-limit", None})
+    # the line end is framing, not message: CRLF counts no more than LF
+    replies = _stdio_replies(server, newline.join(lines) + newline, {"at-limit", None})
     finals = {m["id"]: m for m in replies if m["type"] != "progress"}
     assert finals["at-limit"]["type"] == "intent_response"
     assert finals[None]["payload"]["code"] == "message_too_large"
