@@ -17,6 +17,8 @@ Scenario per task: ``FTL_STAND_IN_SCENARIOS`` is a JSON object ``{slug: scenario
   ``--resume <that session>`` succeeds;
 * ``malformed``: success with broken lines and unknown event types mixed in;
 * ``crash``: stops mid-stream without a result (exit 3);
+* ``denied``: the permission settings refuse the agent's ``Bash`` call (a ``permission_denials``
+  entry in the result); the agent reports itself blocked;
 * ``not_logged_in``: the real CLI's reply when it has no credentials.
 
 As a planner (the prompt holds ``{"mode", "objective", ...}``; scenario key ``planner``):
@@ -68,10 +70,15 @@ def _result(session: str, subtype: str, *, cost: float, turns: int, text: str,
             "api_error_status": api_error_status, "terminal_reason": "api_error" if is_error else None}
 
 
+_replies = 0
+
+
 def _assistant(session: str, text: str, error: str | None = None) -> dict:
+    global _replies
+    _replies += 1  # each API reply has its own message id
     event = {"type": "assistant", "session_id": session,
-             "message": {"role": "assistant", "content": [{"type": "text", "text": text}],
-                         "usage": _usage(1)}}
+             "message": {"id": f"msg_{session[:8]}_{_replies}", "role": "assistant",
+                         "content": [{"type": "text", "text": text}], "usage": _usage(1)}}
     if error:
         event.update(error=error, is_api_error_message=True)
     return event
@@ -179,6 +186,20 @@ def main() -> int:
         _emit(_assistant(session, "Reading the files first."))
         time.sleep(3600)  # silent until ftl stops the process group
         return 1
+    if scenario == "denied":
+        _emit(_assistant(session, "Running the tests first."))
+        _emit({"type": "user", "session_id": session,
+               "message": {"role": "user", "content": [{
+                   "type": "tool_result", "tool_use_id": "toolu_bash_1", "is_error": True,
+                   "content": "Claude requested permissions to use Bash, but you haven't granted it yet."}]}})
+        report = {"status": "blocked", "reason": "could not run the test suite", "utilized": []}
+        _emit(_assistant(session, json.dumps(report)))
+        result = _result(session, "success", cost=0.012, turns=2, text=json.dumps(report))
+        result["permission_denials"] = [{"tool_name": "Bash", "tool_use_id": "toolu_bash_1",
+                                         "tool_input": {"command": "pytest -q",
+                                                        "description": "Run the tests"}}]
+        _emit(result)
+        return 0
     if scenario == "crash":
         _emit(_assistant(session, "Starting."))
         sys.stdout.write('{"type": "assistant", "message": {"content": [{"type": "te')

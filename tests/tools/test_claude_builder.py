@@ -101,6 +101,23 @@ def test_a_crash_mid_stream_is_task_failed(git_repo, ctx_for, stand_in) -> None:
     assert result["error_type"] == "task_failed" and result["exit_code"] == 3
     assert "without a result event" in result["reason"]
     assert result["stream"]["malformed_lines"] == 1  # the torn last line
+    # no result, no cost; the reply it made before dying still counts its tokens
+    assert result["total_cost_usd"] == 0.0 and result["num_turns"] == 1
+    assert result["usage"] == {"input_tokens": 1200, "output_tokens": 340,
+                               "cache_read_input_tokens": 5000, "cache_creation_input_tokens": 800}
+
+
+def test_tool_calls_the_permission_settings_refused_are_reported_with_the_fix(git_repo, ctx_for,
+                                                                              stand_in) -> None:
+    result, _ = stand_in(git_repo, "denied", ctx_for)
+    assert result["status"] == "blocked"
+    assert result["permission_denials"] == [
+        {"tool": "Bash", "input": '{"command": "pytest -q", "description": "Run the tests"}'}]
+    assert result["reason"].startswith("could not run the test suite; Claude Code's permission "
+                                       "settings refused 1 tool call(s) (Bash)")
+    assert "permission_mode" in result["reason"] and "--allowedTools" in result["reason"]
+    ok, _ = stand_in(git_repo, "success", ctx_for)
+    assert ok["status"] == "complete" and ok["permission_denials"] == []
 
 
 # --------------------------------------------------------------------------- the real CLI

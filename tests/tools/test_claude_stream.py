@@ -176,3 +176,34 @@ def test_a_limit_message_that_offers_login_is_a_limit_not_a_login_prompt() -> No
 def test_a_cost_that_is_not_a_finite_number_is_not_counted() -> None:
     summary = _read(_result(total_cost_usd=float("inf"), num_turns=float("nan"))).summary
     assert summary.total_cost_usd == 0.0 and summary.num_turns == 0
+
+
+def test_permission_denials_are_kept_once_each_scrubbed_and_capped() -> None:
+    reader = StreamReader()
+    secret = "ghp_" + "a" * 36
+    reader.feed(json.dumps({"type": "system", "subtype": "permission_denied", "tool_name": "Bash",
+                            "tool_use_id": "t1", "tool_input": {"command": f"curl -H {secret}"}}))
+    denials = [{"tool_name": "Bash", "tool_use_id": "t1", "tool_input": {"command": "x"}}]  # seen
+    denials += [{"tool_name": "Write", "tool_use_id": f"w{i}", "tool_input": {"file_path": f"f{i}"}}
+                for i in range(30)]
+    reader.feed(json.dumps({"type": "result", "subtype": "success", "is_error": False,
+                            "result": "", "permission_denials": denials + ["junk", {"tool_name": 3}]}))
+    summary = reader.summary
+    assert summary.denials_seen == 32  # t1 once, 30 writes, the nameless one
+    assert len(summary.permission_denials) == 20
+    assert summary.permission_denials[0]["tool"] == "Bash" and secret not in summary.permission_denials[0]["input"]
+    assert summary.permission_denials[1] == {"tool": "Write", "input": '{"file_path": "f0"}'}
+
+
+def test_a_run_without_a_result_counts_each_reply_once_and_the_result_overrides() -> None:
+    reader = StreamReader()
+    usage = {"input_tokens": 10, "output_tokens": 2}
+    for reply, scale in (("m1", 1), ("m1", 1), ("m2", 3)):  # m1 streamed in two parts
+        reader.feed(json.dumps({"type": "assistant", "message": {
+            "id": reply, "content": [], "usage": {k: v * scale for k, v in usage.items()}}}))
+    assert reader.summary.num_turns == 2
+    assert reader.summary.usage["input_tokens"] == 40 and reader.summary.usage["output_tokens"] == 8
+    reader.feed(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "",
+                            "num_turns": 5, "usage": {"input_tokens": 99, "output_tokens": 7}}))
+    reader.feed(json.dumps({"type": "assistant", "message": {"id": "m3", "usage": usage}}))
+    assert reader.summary.num_turns == 5 and reader.summary.usage["input_tokens"] == 99

@@ -28,8 +28,11 @@ Outcomes (``error_type`` of the builder result, classified by `ftl.engine.recove
   -> ``task_failed``; timeout / cancel as for every builder.
 
 Every result also carries ``total_cost_usd``, ``num_turns``, ``duration_api_ms``, ``usage``
-(token counts), ``session_id``, ``max_turns``, ``resumed_session`` and ``stream`` (events read,
-malformed lines, unknown events).
+(token counts; for a run stopped before its result, the tokens of the replies seen),
+``session_id``, ``max_turns``, ``resumed_session``, ``stream`` (events read, malformed lines,
+unknown events) and ``permission_denials`` (the tool calls the CLI's permission settings
+refused: ``[{"tool", "input"}]``); a build that did not complete names the denials in its
+``reason`` with how to allow them.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ if TYPE_CHECKING:  # validated by builders._workspace, which imports the model w
 
 _MISSING_AGENT = re.compile(r"--agent '([^']{1,100})' not found")
 
-__all__ = ["ClaudeBuildArgs", "ClaudePlannerArgs", "claude_builder", "claude_planner", "claude_argv", "builder_prompt", "outcome"]
+__all__ = ["ClaudeBuildArgs", "ClaudePlannerArgs", "claude_builder", "claude_planner", "claude_argv", "builder_prompt", "outcome",
+           "denials_hint"]
 
 
 class ClaudeBuildArgs(BaseModel):
@@ -202,9 +206,26 @@ def claude_builder(args: ClaudeBuildArgs, ctx: ToolContext,
     if decided["error_type"] == "stalled":
         decided["idle_timeout_s"] = settings.idle_timeout_s
     out.update(decided)
+    out["permission_denials"] = summary.permission_denials
+    if summary.denials_seen and out["status"] != "complete" and out.get("reason"):
+        out["reason"] = f"{out['reason']}; {denials_hint(summary)}"
     if out["error_type"] and not str(out.get("output") or "").strip():
         out["output"] = json.dumps({"errors": summary.errors[-3:]})[:2000]
     return out
+
+
+def denials_hint(summary: StreamSummary) -> str:
+    """What a run's permission denials mean for the user, e.g. "Claude Code's permission
+    settings refused 3 tool call(s) (Bash x2, Write): set [claude] permission_mode or allow the
+    tools with --allowedTools in [claude] extra_args"."""
+    counts: dict[str, int] = {}
+    for denial in summary.permission_denials:
+        counts[denial["tool"]] = counts.get(denial["tool"], 0) + 1
+    tools = ", ".join(f"{tool} x{n}" if n > 1 else tool for tool, n in counts.items())
+    more = summary.denials_seen - len(summary.permission_denials)
+    return (f"Claude Code's permission settings refused {summary.denials_seen} tool call(s) "
+            f"({tools}{f', {more} more' if more else ''}): set [claude] permission_mode or allow "
+            f"the tools with --allowedTools in [claude] extra_args")
 
 
 class ClaudePlannerArgs(PlannerInput):

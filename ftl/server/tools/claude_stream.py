@@ -40,6 +40,7 @@ __all__ = ["StreamReader", "StreamSummary", "Limit", "limit_from_text", "not_log
 TOKEN_KINDS: tuple[str, ...] = ("input_tokens", "output_tokens", "cache_read_input_tokens",
                                 "cache_creation_input_tokens")
 KNOWN_EVENT_TYPES = frozenset({"system", "assistant", "user", "result", "stream_event"})
+DENIALS_KEPT = 20  # permission denials kept per run (`StreamSummary.permission_denials`)
 
 _RATE = re.compile(r"(?i)(\b429\b|rate[_ ]limit|too many requests|overloaded|\b529\b)")
 _USAGE = re.compile(r"(?i)(usage limit|limit reached|hit your (?:[\w-]+ )?limit|out of (extra )?usage"
@@ -167,6 +168,15 @@ class StreamSummary:
         events: JSON objects read; malformed_lines / unknown_events: lines skipped.
         errors: error texts seen (API errors in assistant messages, api_retry events, an
             error result), newest last, at most 20.
+        permission_denials: tool calls Claude Code's permission settings refused, from the
+            result's ``permission_denials`` and ``system/permission_denied`` events, each
+            ``{"tool", "input"}`` (the call's input as JSON, cut to 200 characters, scrubbed of
+            secrets), at most `DENIALS_KEPT`, in the order seen.
+        denials_seen: how many denials there were in all (more than the list may hold).
+
+    A run that ends without a result (killed, timed out) reports no cost; its ``usage`` and
+    ``num_turns`` then count the assistant messages seen (each API reply once, by message id),
+    so a stopped run's tokens are not lost.
     """
 
     session_id: str | None = None
@@ -182,6 +192,8 @@ class StreamSummary:
     malformed_lines: int = 0
     unknown_events: int = 0
     errors: list[str] = field(default_factory=list)
+    permission_denials: list[dict[str, str]] = field(default_factory=list)
+    denials_seen: int = 0
 
     def cost_fields(self) -> dict[str, Any]:
         """The cost and usage fields ftl records per task (TASK_END, the workspace result)."""
@@ -216,6 +228,8 @@ class StreamReader:
 
     def __init__(self) -> None:
         self.summary = StreamSummary()
+        self._replies: dict[str, dict[str, int]] = {}  # assistant message id -> its usage
+        self._denied: set[str] = set()  # tool_use_ids already counted
 
     def feed(self, line: bytes | str) -> dict[str, Any] | None:
         """Read one line; return the event object, or None for a blank or malformed line."""
@@ -244,6 +258,9 @@ class StreamReader:
             text = _text_of(event.get("message"))
             if text.startswith("API Error") or (event.get("error") and text):
                 self._error(text)
+            self._reply_usage(event.get("message"))
+        elif kind == "system" and event.get("subtype") == "permission_denied":
+            self._denial(event.get("tool_name"), event.get("tool_use_id"), event.get("tool_input"))
         elif kind == "system" and event.get("subtype") == "api_retry":
             status, delay = event.get("error_status"), _number(event.get("retry_delay_ms"))
             detail = f"API Error: {status} {event.get('error') or ''}".strip()
@@ -254,6 +271,38 @@ class StreamReader:
 
     def _error(self, text: str) -> None:
         self.summary.errors = [*self.summary.errors, text[:1000]][-20:]
+
+    def _reply_usage(self, message: Any) -> None:
+        """Count an assistant message's tokens until a result gives the run's own totals (a
+        reply streamed in parts repeats its id; its latest usage stands)."""
+        if self.summary.result_seen or not isinstance(message, dict):
+            return
+        reply, usage = message.get("id"), message.get("usage")
+        if not isinstance(reply, str) or not isinstance(usage, dict):
+            return
+        self._replies[reply] = {name: int(count) for name in TOKEN_KINDS
+                                if (count := _number(usage.get(name))) is not None}
+        self.summary.num_turns = len(self._replies)
+        self.summary.usage = {name: sum(seen.get(name, 0) for seen in self._replies.values())
+                              for name in TOKEN_KINDS}
+
+    def _denial(self, tool: Any, tool_use_id: Any, tool_input: Any) -> None:
+        if isinstance(tool_use_id, str) and tool_use_id:
+            if tool_use_id in self._denied:
+                return
+            self._denied.add(tool_use_id)
+        summary = self.summary
+        summary.denials_seen += 1
+        if len(summary.permission_denials) >= DENIALS_KEPT:
+            return
+        from ftl.sanitize import scrub
+
+        try:
+            shown = json.dumps(tool_input, sort_keys=True, default=str)
+        except (TypeError, ValueError, RecursionError):
+            shown = ""
+        summary.permission_denials.append({"tool": str(tool)[:100] if tool else "?",
+                                           "input": scrub(shown[:200])})
 
     def _result(self, event: dict[str, Any]) -> None:
         summary = self.summary
@@ -276,6 +325,12 @@ class StreamReader:
                 count = _number(usage.get(name))
                 if count is not None:
                     summary.usage[name] = int(count)
+        denials = event.get("permission_denials")
+        if isinstance(denials, list):
+            for denial in denials:
+                if isinstance(denial, dict):
+                    self._denial(denial.get("tool_name"), denial.get("tool_use_id"),
+                                 denial.get("tool_input"))
         status = event.get("api_error_status")
         if summary.is_error and (summary.result_text or status):
             prefix = f"API Error: {status} " if isinstance(status, int) else ""
