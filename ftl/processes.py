@@ -40,8 +40,8 @@ LEDGER_DIR = Path(".ftl") / "procs"
 # Every entry is padded to this size, so a released entry's file can be rewritten in place for
 # the next command. Creating (or truncating) a file costs 0.2-0.3 ms on some file systems (ext4
 # on the 2-core VM ftl is benchmarked on), rewriting one in place a few us, and every build and
-# verify command writes one entry and removes it (issue 11 item 3). An entry is at most about
-# 1.4 KiB (``what`` is cut to 200 characters, each at most 6 bytes as JSON).
+# verify command writes one entry and removes it (issue 11 item 3). ``what`` is cut to 200
+# characters, and shorter when they take more than this as JSON (12 bytes for an emoji).
 ENTRY_BYTES = 2048
 _SPARE_PREFIX = "spare-"  # a released entry, kept for its thread's next command; not *.json
 
@@ -104,8 +104,14 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
     if ticks is None:
         return None
     entry = ledger / f"{pid}.json"
-    data = json.dumps({"pgid": pid, "start_ticks": ticks, "what": what[:200],
-                       "deadline_s": deadline_s}).encode().ljust(ENTRY_BYTES)
+    what = what[:200]
+    while True:  # an astral character is 12 bytes as JSON: cut until the entry fits its size
+        data = json.dumps({"pgid": pid, "start_ticks": ticks, "what": what,
+                           "deadline_s": deadline_s}).encode()
+        if len(data) <= ENTRY_BYTES:
+            break
+        what = what[:len(what) // 2]
+    data = data.ljust(ENTRY_BYTES)
     spare = _spare(ledger)
     try:
         fd = os.open(spare, os.O_WRONLY)  # no O_CREAT: only a file this thread released

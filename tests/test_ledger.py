@@ -105,3 +105,20 @@ def test_run_command_records_its_group_while_it_runs(tmp_path: Path) -> None:
         assert result.ok
         assert seen[-1] == [f"{result.stdout.strip()}.json"]
         assert not list(ledger.glob("*.json"))
+
+
+def test_an_entry_always_fits_its_size_so_a_rewrite_leaves_no_tail(tmp_path: Path) -> None:
+    ledger = tmp_path / "procs"
+    leader = _sleeper()
+    try:
+        wide = "\U0001f600" * 300  # 12 bytes each as JSON: 200 of them would not fit
+        entry = record(ledger, leader.pid, wide, deadline_s=time.time() + 60)
+        assert entry is not None and entry.stat().st_size == ENTRY_BYTES
+        kept = json.loads(entry.read_text())["what"]
+        assert kept and wide.startswith(kept)
+        release(entry)
+        again = record(ledger, leader.pid, "short", deadline_s=time.time() + 60)
+        assert json.loads(again.read_text())["what"] == "short"
+    finally:
+        leader.kill()
+        leader.wait()
