@@ -556,6 +556,14 @@ def test_unknown_entity_type_fails_at_load(tmp_path: Path) -> None:
     assert [v["path"] for v in info.value.details["violations"]] == ["gates.policy.entities"]
 
 
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), -1])
+def test_an_approval_wait_that_never_ends_is_refused_at_load(tmp_path: Path, timeout_s: float) -> None:
+    with pytest.raises(FtlError) as info:
+        keeper(tmp_path, {"governance": {"default": "approve"},
+                          "approval": {"mode": "file", "file": "d.json", "timeout_s": timeout_s}})
+    assert [v["path"] for v in info.value.details["violations"]] == ["gates.approval.timeout_s"]
+
+
 def test_policy_failing_schema_validation_fails_at_load(tmp_path: Path) -> None:
     write(tmp_path, "policies/schema.cedarschema", "entity Agent; entity Tool;\n"
           "action invoke appliesTo { principal: [Agent], resource: [Tool], context: { seq: String } };\n")
@@ -589,8 +597,13 @@ GATES = st.fixed_dictionaries({}, optional={
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(gates=GATES, tool=st.text(alphabet="abcdefgh_/", min_size=1, max_size=8))
 def test_any_gates_table_loads_or_is_a_configuration_error(tmp_path: Path, gates: dict, tool: str) -> None:
+    now = [0.0]
+
+    def leap(seconds: float) -> None:  # an approval wait of any finite length ends at once
+        now[0] += max(seconds, 1e306)
+
     try:
-        gk = keeper(tmp_path, gates)
+        gk = keeper(tmp_path, gates, clock=lambda: now[0], sleep=leap)
     except FtlError as error:
         assert error.error_type == "configuration_error" and error.details["violations"]
         return

@@ -124,7 +124,8 @@ class ApprovalConfig(_Strict):
         None, min_length=1, description="argv; gets the call JSON on stdin; exit 0 approve, 1 reject.")
     file: str | None = Field(
         None, min_length=1, description="Decision file (JSON object: request_id -> approve|reject).")
-    timeout_s: float = Field(600.0, ge=0, description="Wait for a decision, s (ThoughtGate: 10 m).")
+    timeout_s: float = Field(600.0, ge=0, allow_inf_nan=False,
+                             description="Wait for a decision, s (ThoughtGate: 10 m); finite.")
     on_timeout: Literal["deny", "approve"] = "deny"
     poll_s: float = Field(1.0, gt=0, description="Decision-file poll interval, s.")
 
