@@ -204,14 +204,15 @@ def _graph_violations(raw: Mapping[str, Any], known: frozenset[str] = frozenset(
                            "('1', '001' and 1 are the same seq)",
                 "fix": "give each task its own seq"})
 
-    valid = ", ".join(sorted(graph, key=dag.seq_key)) or "(none)"
+    # A revision's tasks may depend on the campaign's existing tasks (``known``): both are valid.
+    valid = ", ".join(sorted(graph.keys() | known, key=dag.seq_key)) or "(none)"
     for index, seq, depends, raw_depends in tasks:
         for dep in depends:
             if dep not in graph and dep not in known:
                 violations.append({
                     "path": _depends_path(index, raw_depends, dep),
-                    "message": f"task {seq} depends on {dep}, which is not a task of the plan; "
-                               f"valid seqs: {valid}",
+                    "message": f"task {seq} depends on {dep}, which is not a task of the "
+                               f"{'plan or the campaign' if known else 'plan'}; valid seqs: {valid}",
                     "fix": f"depend on one of the valid seqs, or add a task with seq {dep}"})
 
     cycle = dag.find_cycle({seq: sorted(parents) for seq, parents in graph.items()})

@@ -524,13 +524,20 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
 
 
 def _merge_error_text(error: FtlError) -> str:
-    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle)."""
+    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle);
+    ftl's message otherwise, with its first violation (``<path>: <message>``) appended, since
+    FTL output has no room for the envelope's ``details.violations``."""
     if error.error_type == "not_found" and "plan file" in str(error.details.get("what", "")):
         return "Revised plan not found"
     if error.error_type == "not_found":
         return "No active campaign"
     if error.error_type == "cycle_detected":
         return f"Cycle detected after merge: {error.details.get('cycle', '')}"
+    violations = error.details.get("violations")
+    first = violations[0] if isinstance(violations, list) and violations else None
+    if isinstance(first, dict):
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        return f"{error.message} First: {first.get('path', '$')}: {first.get('message', '')}{more}"
     return error.message
 
 

@@ -92,6 +92,36 @@ def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> 
         assert store.tasks(cid) == []
 
 
+# --------------------------------------------------------------------------- 7, 8. merge errors
+
+def test_a_revisions_dangling_dependency_names_the_campaigns_seqs_as_valid() -> None:
+    with pytest.raises(FtlError) as caught:
+        parse_plan({"objective": "o", "tasks": [task("004", "009")]}, known_seqs={"001", "002"})
+    message = caught.value.details["violations"][0]["message"]
+    assert message.endswith("valid seqs: 001, 002, 004") and "plan or the campaign" in message
+
+
+def test_ftl_mode_merge_errors_name_the_first_violation(tmp_path: Path) -> None:
+    new_campaign(tmp_path, PLAN3, register=True)
+    revision = tmp_path / "revised.json"
+    revision.write_text(json.dumps({"tasks": [task("004") | {"slug": "Bad Slug"}, task("005", "009")]}),
+                        encoding="utf-8")
+    error = invoke(_campaign.cli, tmp_path, "merge-revised-plan", str(revision))
+    text = error.ftl_payload["error"]
+    assert text.startswith("The plan file revised.json does not match its schema (2 violation(s)). First: ")
+    assert "$.tasks[0].slug: slug must be kebab-case" in text and text.endswith("(and 1 more)")
+    assert error.ftl_payload["merged"] == 0 and error.ftl_exit == 0
+
+
+def test_a_cycle_through_existing_tasks_names_the_dependency_that_closes_it(tmp_path: Path) -> None:
+    cid = new_campaign(tmp_path, {"objective": "o", "tasks": [task("001"), task("002", "001")]}, register=True)
+    with store_of(tmp_path) as store, pytest.raises(FtlError) as caught:
+        store.merge_revised_plan(cid, parse_plan({"objective": "o", "tasks": [task("001", "002")]},
+                                                 known_seqs={"002"}), max_new_tasks=5)
+    assert caught.value.error_type == "cycle_detected"
+    assert caught.value.details["violations"][0]["path"] == "tasks[seq=001].depends"
+
+
 # --------------------------------------------------------------------------- 10. numbers and digits
 
 @pytest.mark.parametrize("text, path", [
