@@ -26,8 +26,8 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (Env, FtlRefusal, Reply, command, parse_json_option, parse_workspace_ref, run,
-                     script_group, wrap)
+from _common import (PLAN_VERSION, Env, FtlRefusal, Reply, command, parse_json_option,
+                     parse_workspace_ref, run, script_group, wrap)
 from ftl.surfaces.envelope import Warning
 from ftl.errors import FtlError
 
@@ -167,7 +167,7 @@ def _ftl_extras(env: Env, cid: str, task) -> dict[str, Any]:
 
 
 @command(cli, "create")
-@click.option("--plan-id", "plan_id", type=click.IntRange(min=1), required=True,
+@click.option("--plan-id", "plan_id", type=PLAN_VERSION, required=True,
               help="Plan version N of the active campaign (see plan.py).")
 @click.option("--task", "task_seq", default=None, help="Only this task's seq (001, 1 and 01 are equal).")
 def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:

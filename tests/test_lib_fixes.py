@@ -122,6 +122,19 @@ def test_a_cycle_through_existing_tasks_names_the_dependency_that_closes_it(tmp_
     assert caught.value.details["violations"][0]["path"] == "tasks[seq=001].depends"
 
 
+# --------------------------------------------------------------------------- 9. plan ids
+
+@pytest.mark.parametrize("group, args", [
+    (PLAN.cli, ("read", "--id")), (PLAN.cli, ("mark-executed", "--id")),
+    (WORKSPACE.cli, ("create", "--plan-id"))])
+def test_a_plan_id_past_sqlites_integer_is_a_usage_error(tmp_path: Path, group, args) -> None:
+    new_campaign(tmp_path, PLAN3)
+    error = invoke(group, tmp_path, *args, "99999999999999999999999")
+    assert isinstance(error, click.BadParameter) and "9223372036854775807" in error.format_message()
+    largest = invoke(group, tmp_path, *args, str(2**63 - 1))
+    assert isinstance(largest, FtlError) and largest.error_type == "not_found"
+
+
 # --------------------------------------------------------------------------- 10. numbers and digits
 
 @pytest.mark.parametrize("text, path", [
