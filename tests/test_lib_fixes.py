@@ -76,6 +76,52 @@ def store_of(repo: Path) -> Store:
     return Store.for_repo(repo)
 
 
+# --------------------------------------------------------------------------- 1. TASK flow
+
+def test_create_without_task_registers_the_plan_then_starts_every_ready_task(tmp_path: Path) -> None:
+    cid = new_campaign(tmp_path, PLAN3)  # FTL's TASK flow: plan.py write, then workspace create
+    reply = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1")
+    assert [w["seq"] for w in reply.data["created"]] == ["001", "002", "003"]
+    assert reply.data["skipped"] == [] and not reply.warnings
+    with store_of(tmp_path) as store:
+        assert {t["status"] for t in store.tasks(cid)} == {"running"}
+        assert store.plan_versions(cid) == [1]  # registering the same plan saves no new version
+
+
+# --------------------------------------------------------------------------- 2. after a merge
+
+def test_create_after_a_merge_builds_from_the_tasks_current_specs(tmp_path: Path) -> None:
+    cid = new_campaign(tmp_path, PLAN3, register=True)
+    invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+    invoke(WORKSPACE.cli, tmp_path, "block", "001", "--reason", "wrong test")
+    revision = tmp_path / "revised.json"
+    revision.write_text(json.dumps({"tasks": [task("001", verify="pytest tests/test_new.py"),
+                                              task("004", "002")]}), encoding="utf-8")
+    merged = invoke(_campaign.cli, tmp_path, "merge-revised-plan", str(revision))
+    assert (merged.data["merged"], merged.data["added"]) == (1, 1)
+
+    # FTL's EXECUTE keeps passing the plan id it started with.
+    revised = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+    (workspace,) = revised.data["created"]
+    assert (workspace["verify"], workspace["verify_source"], workspace["attempt"]) == (
+        "pytest tests/test_new.py", "tests/test_new.py", 2)
+    assert [w.code for w in revised.warnings] == ["STALE_CACHE"]
+    invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "002")
+    invoke(WORKSPACE.cli, tmp_path, "complete", "002", "--delivered", "done")
+    added = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "004")
+    assert [w["workspace_id"] for w in added.data["created"]] == ["004-task-004"]
+    assert added.data["created"][0]["lineage"]["parent"] == "002-task-002"
+    with store_of(tmp_path) as store:
+        assert store.task(cid, "004")["status"] == "running"
+
+
+def test_create_of_a_seq_the_campaign_lacks_is_not_found(tmp_path: Path) -> None:
+    new_campaign(tmp_path, PLAN3, register=True)
+    error = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "009")
+    assert isinstance(error, FtlError) and error.error_type == "not_found"
+    assert "009" in error.message
+
+
 # --------------------------------------------------------------------------- 5. slugs
 
 def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> None:
@@ -90,6 +136,50 @@ def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> 
     assert isinstance(error, FtlError) and error.error_type == "schema_invalid"
     with store_of(tmp_path) as store:
         assert store.tasks(cid) == []
+
+
+# --------------------------------------------------------------------------- 6. concurrent create
+
+def test_concurrent_creates_of_one_task_both_get_the_one_attempt(tmp_path: Path, monkeypatch) -> None:
+    """The other call records its workspace between this call's read and its write (the race
+    two `workspace create` processes run); both return attempt 1, recorded once."""
+    cid = new_campaign(tmp_path, PLAN3, register=True)
+    original = Store.record_workspace
+    others: list[Any] = []
+
+    def record_after_another_call(self, *args, **kwargs):
+        if not others:
+            others.append(None)
+            others[0] = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "record_workspace", record_after_another_call)
+    mine = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+    assert not isinstance(mine, Exception), mine
+    theirs = others[0]
+    assert [(w["workspace_id"], w["attempt"]) for w in mine.data["created"]] == \
+           [(w["workspace_id"], w["attempt"]) for w in theirs.data["created"]] == [("001-task-001", 1)]
+    with store_of(tmp_path) as store:
+        assert len(store.workspaces(cid, seq="001")) == 1 and store.task(cid, "001")["attempts"] == 1
+
+
+def test_a_create_that_loses_the_start_to_another_returns_its_attempt(tmp_path: Path, monkeypatch) -> None:
+    cid = new_campaign(tmp_path, PLAN3, register=True)
+    original = Store.transition_task
+    others: list[Any] = []
+
+    def start_after_another_call(self, campaign_id, seq, to, **kwargs):
+        if to == "running" and not others:
+            others.append(None)
+            others[0] = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+        return original(self, campaign_id, seq, to, **kwargs)
+
+    monkeypatch.setattr(Store, "transition_task", start_after_another_call)
+    mine = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+    assert not isinstance(mine, Exception), mine
+    assert mine.data["created"][0]["workspace_id"] == others[0].data["created"][0]["workspace_id"]
+    with store_of(tmp_path) as store:
+        assert len(store.workspaces(cid, seq="001")) == 1 and store.task(cid, "001")["attempts"] == 1
 
 
 # --------------------------------------------------------------------------- 7, 8. merge errors
