@@ -80,14 +80,13 @@ def add_tasks(env: Env) -> Reply:
     from ftl.plan_rows import plan_rows
 
     source = "plan on standard input"
-    raw = plan_input(read_stdin_json(source))
+    sent = read_stdin_json(source)
+    raw = plan_input(sent)
     campaign = env.active()
     cid = campaign["campaign_id"]
-    if isinstance(raw, dict) and env.store.plan_versions(cid):
-        # FTL's REGISTER pipes `plan.py read` here, whose record drops the plan's campaign slug and
-        # framework confidence: take them from the saved plan so the same plan is not saved twice.
-        saved = env.store.latest_plan_fields(cid, ("campaign", "framework_confidence"))
-        raw = {**{k: v for k, v in saved.items() if k not in raw}, **raw}
+    versions = env.store.plan_versions(cid) if isinstance(raw, dict) else []
+    if versions:
+        raw = _complete_plan_record(env, cid, sent, raw, versions)
     # Lean validation into store rows, pydantic only for plans it declines (the same errors); the
     # parsed JSON is dropped before the rows are written (a 10,000-task plan: issue 11 item 4).
     rows = plan_rows(raw, source=source)
@@ -96,6 +95,25 @@ def add_tasks(env: Env) -> Reply:
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
                   "plan_version": env.store.plan_versions(cid)[-1]},
                  ftl={"status": "tasks_added"}, ftl_indent=None)
+
+
+def _complete_plan_record(env: Env, cid: str, sent: dict, raw: dict, versions: list[int]) -> dict:
+    """The plan ``raw`` with what FTL's plan record left out filled from the saved plan.
+
+    FTL's REGISTER pipes `plan.py read --id N` here; FTL's record of a plan keeps only {id,
+    campaign_id, objective, framework, idioms, tasks, status, created_at}, so the plan's campaign
+    slug, framework confidence, schema version and extra fields (e.g. ``rationale``) are missing,
+    and the same plan would be saved again as a new version without them. A record naming a
+    saved version (``id`` N) gets every top-level field of version N it lacks; other input only
+    the campaign slug and framework confidence of the latest version, as before (a new plan
+    must not inherit another plan's extras).
+    """
+    version = sent.get("id")
+    if type(version) is int and version in versions:
+        saved = env.store.plan_header(cid, version)
+    else:
+        saved = env.store.latest_plan_fields(cid, ("campaign", "framework_confidence"))
+    return {**{k: v for k, v in saved.items() if k not in raw}, **raw}
 
 
 def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:

@@ -122,6 +122,30 @@ def test_create_of_a_seq_the_campaign_lacks_is_not_found(tmp_path: Path) -> None
     assert "009" in error.message
 
 
+# --------------------------------------------------------------------------- 3. REGISTER
+
+def test_register_of_ftls_plan_record_saves_no_duplicate_and_keeps_extras(tmp_path: Path) -> None:
+    cid = new_campaign(tmp_path, {**PLAN3, "campaign": "parser", "framework_confidence": 0.7})
+    record = invoke(PLAN.cli, tmp_path, "read", "--id", "1").ftl  # what FTL mode prints
+    assert "rationale" not in record and record["id"] == 1
+    reply = invoke(_campaign.cli, tmp_path, "add-tasks", stdin=json.dumps(record, indent=2))
+    assert reply.data["plan_version"] == 1
+    with store_of(tmp_path) as store:
+        assert store.plan_versions(cid) == [1]
+        assert store.get_plan(cid, 1).model_extra == {"rationale": "three independent parts"}
+    listed = invoke(PLAN.cli, tmp_path, "list").ftl
+    assert [(p["id"], p["status"]) for p in listed] == [(1, "active")]
+
+
+def test_register_of_another_plan_inherits_no_extra_field(tmp_path: Path) -> None:
+    cid = new_campaign(tmp_path, PLAN3)
+    other = {"objective": "ship the parser", "tasks": [task("001"), task("002")]}
+    reply = invoke(_campaign.cli, tmp_path, "add-tasks", stdin=json.dumps(other))
+    assert reply.data["plan_version"] == 2
+    with store_of(tmp_path) as store:
+        assert store.get_plan(cid, 2).model_extra == {}
+
+
 # --------------------------------------------------------------------------- 5. slugs
 
 def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> None:
