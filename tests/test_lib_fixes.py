@@ -146,6 +146,31 @@ def test_register_of_another_plan_inherits_no_extra_field(tmp_path: Path) -> Non
         assert store.get_plan(cid, 2).model_extra == {}
 
 
+# --------------------------------------------------------------------------- 4. planner answers
+
+@pytest.mark.parametrize("text, errors", [
+    ('Here is the plan.\n\n```json\n{"objective": "x", "tasks": "no"}\n```\n', ["$.tasks: "]),
+    ('### Confidence: PROCEED\n\n```json\n{"objective": "x"}\n```\n', ["$.tasks: Field required"]),
+    ('{"objective": "x", "tasks": "no"}', ["$.tasks: "]),
+    ('{"decision": "PROCEED", "plan": {"objective": "x"}}', ["$.tasks: Field required"]),
+])
+def test_a_malformed_plan_is_returned_with_its_violations(text: str, errors: list[str]) -> None:
+    result = DECISION.decide(text)
+    assert result["decision"] == "PROCEED" and result["plan_json"]["objective"] == "x"
+    assert result["validation"]["valid"] is False
+    assert [e[:len(p)] for e, p in zip(result["validation"]["errors"], errors)] == errors
+
+
+def test_a_malformed_plan_is_kept_apart_from_the_plan_and_leaves_the_decision() -> None:
+    answer = parse_planner_output('```json\n{"objective": "x", "tasks": "no"}\n```')
+    assert "plan" not in answer and answer["plan_attempt"] == {"objective": "x", "tasks": "no"}
+    assert answer["decision"] == "UNKNOWN" and "plan-attempt" in answer["markers"]
+    code = parse_planner_output('```python\n{"objective": "x"}\n```')  # code, not a plan
+    assert "plan_attempt" not in code and DECISION.decide('```python\n{"a": 1}\n```')["decision"] == "UNKNOWN"
+    asked = DECISION.decide('## Confidence: CLARIFY\n1. Which db?\n```json\n{"objective": "x"}\n```')
+    assert (asked["decision"], asked["questions"], "plan_json" in asked) == ("CLARIFY", ["Which db?"], False)
+
+
 # --------------------------------------------------------------------------- 5. slugs
 
 def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> None:
