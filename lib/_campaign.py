@@ -10,6 +10,7 @@ every command prints one response-v2 envelope whose ``data`` is FTL's payload (s
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import date
 from pathlib import Path
@@ -140,7 +141,7 @@ def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
                                            "to_status": target, "legal_moves": moves}, message=text)
 
 
-@command(cli, "update-task")
+@command(cli, "update-task", context_settings={"ignore_unknown_options": True})  # SEQ "-1" is an argument
 @click.argument("seq")
 @click.argument("status")
 @click.option("--reason", default=None, help="Block reason (only with STATUS blocked).")
@@ -155,8 +156,12 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
     (changed: false). data: {task: SEQ (three digits), status, previous, changed}. Unknown seq
     -> NOT_FOUND; illegal move -> CONFLICT naming the legal ones (exit 2).
     """
-    from ftl.models import TaskStatus
+    from ftl.models import TaskStatus, normalize_seq
 
+    try:
+        normalize_seq(seq)
+    except ValueError as exc:
+        raise violation("SEQ", str(exc), "pass the seq of one of the campaign's tasks, e.g. 001") from None
     target = TASK_STATUS_ALIASES.get(status.strip().lower(), status.strip().lower())
     valid = [s.value for s in TaskStatus]
     if target not in valid:
@@ -456,9 +461,18 @@ def similarity(current: dict[str, Any], other: dict[str, Any]) -> float:
     return w_objective * objective + w_files * files + w_count * count
 
 
+def _threshold(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A similarity threshold: any number but NaN, which compares false with every similarity
+    (FTL accepted it and silently found nothing). Above 1 or below 0 are kept, as in FTL."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number to compare similarities with; use e.g. 0.5",
+                                 ctx=ctx, param=param)
+    return value
+
+
 @command(cli, "find-similar")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Minimum similarity.")
+@click.option("--threshold", type=float, callback=_threshold, default=0.5, show_default=True,
+              help="Minimum similarity (similarities are 0..1; above 1 matches nothing, as in FTL).")
 @click.option("--max", "max_results", type=click.IntRange(min=0), default=5, show_default=True,
               help="Most results.")
 def find_similar(env: Env, threshold: float, max_results: int) -> Reply:

@@ -298,3 +298,31 @@ def test_a_seq_takes_ascii_digits_only(value: str) -> None:
     with pytest.raises(ValueError, match="ASCII digits"):
         normalize_seq(value)
     assert normalize_seq(" 7 ") == "007"
+
+
+# --------------------------------------------------------------------------- 11. FTL's arguments
+
+def test_find_similar_takes_any_threshold_but_nan(tmp_path: Path) -> None:
+    new_campaign(tmp_path)
+    assert invoke(_campaign.cli, tmp_path, "find-similar", "--threshold", "1.5").data == {"items": []}
+    refused = invoke(_campaign.cli, tmp_path, "find-similar", "--threshold", "nan")
+    assert isinstance(refused, click.BadParameter) and "nan" in refused.format_message()
+
+
+def test_update_task_reads_a_negative_seq_as_the_seq(tmp_path: Path) -> None:
+    new_campaign(tmp_path, PLAN3, register=True)
+    error = invoke(_campaign.cli, tmp_path, "update-task", "-1", "complete")
+    assert isinstance(error, FtlError) and error.error_type == "schema_invalid"
+    assert error.message == "Invalid SEQ: seq must be ASCII digits (0-9) like \"001\", got '-1'."
+
+
+def test_refusals_kept_say_why_and_what_to_do(tmp_path: Path) -> None:
+    written = invoke(EXPLORATION.cli, tmp_path, "write-result", "--session", "abc12345", "--mode",
+                     "structure", stdin='{"status": "ok"}')
+    assert isinstance(written, FtlError) and written.error_type == "not_found"
+    assert "campaign.py create OBJECTIVE" in written.message and "abc12345" in written.message
+    new_campaign(tmp_path)
+    state = invoke(ORCHESTRATION.cli, tmp_path, "emit-state", "CUSTOM_STATE")
+    assert isinstance(state, FtlError) and "INIT, EXPLORE" in state.message and "ftl replay" in state.message
+    status = invoke(PLAN.cli, tmp_path, "list", "--status", "anything")
+    assert isinstance(status, click.BadParameter) and "'active', 'executed', 'superseded'" in status.format_message()
