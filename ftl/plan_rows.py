@@ -106,7 +106,7 @@ class _Declined(Exception):
 # Checks work on a column: one field's values across every task (the default where a task leaves
 # the field out), or a plan header value as a one-element column. Each returns the column as
 # pydantic would store it, or raises _Declined. Columns let builtins do the looping in C
-# (``set(map(type, column))``, ``all(map(SLUG_RE.match, column))``): one Python call per task
+# (``set(map(type, column))``, ``all(map(SLUG_RE.fullmatch, column))``): one Python call per task
 # and field cost 60 ms on 10,000 tasks, about as much as the rest of add-tasks.
 
 _NONE = type(None)
@@ -134,9 +134,8 @@ def _all_match(item: str) -> Callable[[list[str]], bool]:
 
 #: `plan_rules.CANONICAL_SEQ_RE` (``fullmatch``) for a whole column.
 _all_canonical_seqs = _all_match(plan_rules.CANONICAL_SEQ_RE.pattern)
-#: `plan_rules.SLUG_RE` (``match``: its ``$`` also matches before one final newline, so a slug
-#: may end in ``\n``, as `plan_rules.check_slug` and the models accept) for a whole column.
-_all_slugs = _all_match(r"[a-z0-9]+(?:-[a-z0-9]+)*\n?")
+#: `plan_rules.SLUG_RE` (``fullmatch``, as `plan_rules.check_slug` tests it) for a whole column.
+_all_slugs = _all_match(plan_rules.SLUG_PATTERN)
 
 
 def _strs(column: list[Any]) -> list[str]:
@@ -377,7 +376,7 @@ def lean_plan_rows(raw: object) -> PlanRows | None:
         header = {name: check([raw[name]])[0] if name in raw else _default(default)
                   for name, (default, check) in PLAN_FIELDS.items()}
         extras = {key: value for key, value in raw.items() if key not in PLAN_FIELDS and key != "tasks"}
-        if _too_deep(extras.values()):
+        if _too_deep(extras.values()) or plan_rules.non_finite_locations(extras):
             raise _Declined
         rows, texts = _task_rows(tasks)
         head = orjson.dumps(header)[:-1].decode()
@@ -401,8 +400,10 @@ def _task_rows(tasks: list[Any]) -> tuple[list[TaskRow], list[str]]:
         raise _Declined
     present = set().union(*tasks)  # every key some task gives
     extra_names = present.difference(TASK_FIELDS)
-    if extra_names and _too_deep(task[name] for task in tasks for name in extra_names if name in task):
-        raise _Declined
+    if extra_names:
+        values = [task[name] for task in tasks for name in extra_names if name in task]
+        if _too_deep(values) or plan_rules.non_finite_locations(values):  # orjson writes NaN as null
+            raise _Declined
     columns: dict[str, list[Any]] = {}
     for name, (default, check) in TASK_FIELDS.items():
         if name in present:

@@ -12,21 +12,29 @@ This module imports nothing of ftl's.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
-SLUG_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
+#: A kebab-case slug. ``SLUG_RE`` is anchored with ``\Z``, so ``match`` and ``fullmatch`` agree
+#: (``$`` also matched before a final newline: "add-login\n" passed, then named a workspace no
+#: reference could find). ``SLUG_PATTERN`` is the unanchored body, for column checks.
+SLUG_PATTERN = r"[a-z0-9]+(?:-[a-z0-9]+)*"
+SLUG_RE = re.compile(rf"^{SLUG_PATTERN}\Z")
 GLOB_CHARS = frozenset("*?[")
 #: The canonical seqs: the strings `normalize_seq` returns unchanged (three digits, or four to six
 #: without a leading zero). Checking a whole plan's seqs with it is one C loop.
 CANONICAL_SEQ_RE = re.compile(r"[0-9]{3}|[1-9][0-9]{3,5}")
+_ASCII_DIGITS_RE = re.compile(r"[0-9]+")
 
 
 def normalize_seq(value: Any) -> str:
     """Return the canonical three-digit form of a task seq (``7``, ``"7"``, ``"007"`` -> ``"007"``).
 
     Raises:
-        ValueError: the value is not a non-negative integer or a string of digits.
+        ValueError: the value is not a non-negative integer or a string of ASCII digits 0-9
+            (surrounding whitespace allowed; ``str.isdigit`` would also take digits of other
+            scripts, such as "١", and superscripts, which ``int`` refuses).
     """
     if type(value) is str and CANONICAL_SEQ_RE.fullmatch(value):
         return value  # already canonical, as most seqs of a written plan (10,000 tasks: 20,000 seqs)
@@ -34,10 +42,10 @@ def normalize_seq(value: Any) -> str:
         raise ValueError("seq must be a number like \"001\", not a boolean")
     if isinstance(value, int):
         number = value
-    elif isinstance(value, str) and value.strip().isdigit():
+    elif isinstance(value, str) and _ASCII_DIGITS_RE.fullmatch(value.strip()):
         number = int(value.strip())
     else:
-        raise ValueError(f"seq must be digits like \"001\", got {value!r}")
+        raise ValueError(f"seq must be ASCII digits (0-9) like \"001\", got {value!r}")
     if number < 0 or number > 999_999:
         raise ValueError(f"seq must be between 0 and 999999, got {number}")
     return f"{number:03d}"
@@ -59,14 +67,14 @@ def normalize_depends(value: Any) -> list[str]:
 
 def check_slug(value: str) -> str:
     """A task slug: kebab-case (a-z, 0-9 and single hyphens). Raises: ValueError."""
-    if not SLUG_RE.match(value):
+    if not SLUG_RE.fullmatch(value):
         raise ValueError(f"slug must be kebab-case (a-z, 0-9, '-'), got {value!r}")
     return value
 
 
 def check_campaign_slug(value: str | None) -> str | None:
     """A plan's campaign slug: None or kebab-case. Raises: ValueError."""
-    if value is not None and not SLUG_RE.match(value):
+    if value is not None and not SLUG_RE.fullmatch(value):
         raise ValueError(f"campaign must be a kebab-case slug, got {value!r}")
     return value
 
@@ -124,6 +132,30 @@ def nests_deeper_than(value: Any, limit: int) -> bool:
             return True
         stack.extend((child, depth + 1) for child in children)
     return False
+
+
+def non_finite_locations(value: Any) -> list[tuple[Any, ...]]:
+    """Where parsed JSON ``value`` holds a number that is not finite (NaN or an infinity): each
+    location as the keys and indexes leading to it (``("tasks", 0, "timeout_s")``), in document
+    order; [] when there is none.
+
+    JSON has no such numbers, yet Python's ``json.loads`` reads ``1e400`` as ``inf`` (and the
+    non-standard ``NaN``/``Infinity`` literals); a plan holding one was saved with ``null`` in
+    its place, so what the store kept was not what was sent (RFC 8259 §6: numbers that do not
+    fit an IEEE 754 double are not interoperable). Iterative, so any nesting depth is safe.
+    """
+    found: list[tuple[Any, ...]] = []
+    stack: list[tuple[Any, tuple[Any, ...]]] = [(value, ())]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                found.append(where)
+        elif isinstance(item, dict):
+            stack.extend((child, (*where, key)) for key, child in reversed(item.items()))
+        elif isinstance(item, (list, tuple)):
+            stack.extend((child, (*where, index)) for index, child in reversed(list(enumerate(item))))
+    return found
 
 
 def check_extra_depth(extras: dict[str, Any]) -> None:

@@ -204,14 +204,15 @@ def _graph_violations(raw: Mapping[str, Any], known: frozenset[str] = frozenset(
                            "('1', '001' and 1 are the same seq)",
                 "fix": "give each task its own seq"})
 
-    valid = ", ".join(sorted(graph, key=dag.seq_key)) or "(none)"
+    # A revision's tasks may depend on the campaign's existing tasks (``known``): both are valid.
+    valid = ", ".join(sorted(graph.keys() | known, key=dag.seq_key)) or "(none)"
     for index, seq, depends, raw_depends in tasks:
         for dep in depends:
             if dep not in graph and dep not in known:
                 violations.append({
                     "path": _depends_path(index, raw_depends, dep),
-                    "message": f"task {seq} depends on {dep}, which is not a task of the plan; "
-                               f"valid seqs: {valid}",
+                    "message": f"task {seq} depends on {dep}, which is not a task of the "
+                               f"{'plan or the campaign' if known else 'plan'}; valid seqs: {valid}",
                     "fix": f"depend on one of the valid seqs, or add a task with seq {dep}"})
 
     cycle = dag.find_cycle({seq: sorted(parents) for seq, parents in graph.items()})
@@ -238,8 +239,9 @@ def parse_plan(raw: object, *, source: str = "plan", known_seqs: Iterable[str] =
 
     Raises:
         FtlError(schema_invalid): details ``{"count": n, "violations": [...]}``, each violation
-            ``{"path", "message", "fix"}``; schema violations first (pydantic order), then graph
-            violations (self-dependency, duplicate seq, dangling dependency, cycle).
+            ``{"path", "message", "fix"}``; schema violations first (pydantic order, then every
+            number that is not finite), then graph violations (self-dependency, duplicate seq,
+            dangling dependency, cycle).
         FtlError(cycle_detected): the cycle is the only problem; details
             ``{"cycle": "001 -> 003 -> 001", "violations": [one violation]}``.
     """
@@ -254,6 +256,8 @@ def parse_plan(raw: object, *, source: str = "plan", known_seqs: Iterable[str] =
     except ValidationError as exc:
         plan = None
         schema_violations = _schema_violations(exc)
+    seen = {v["path"] for v in schema_violations}
+    schema_violations += [v for v in _non_finite_violations(raw) if v["path"] not in seen]
     graph_violations, cycle = _graph_violations(raw, frozenset(known_seqs))
     violations = schema_violations + graph_violations
     if cycle and len(violations) == 1:
@@ -263,6 +267,15 @@ def parse_plan(raw: object, *, source: str = "plan", known_seqs: Iterable[str] =
     if violations or plan is None:
         raise _schema_error(source, violations)
     return plan
+
+
+def _non_finite_violations(raw: Mapping[str, Any]) -> list[Violation]:
+    """A violation for every NaN or infinite number in the plan (`plan_rules.non_finite_locations`):
+    pydantic accepts them, but the saved plan would hold null instead (e.g. ``1e400``)."""
+    return [{"path": json_path(loc), "message": "is not a finite number (JSON numbers must fit a "
+                                                "64-bit float; 1e400, NaN and Infinity do not)",
+             "fix": "use a finite number, or leave the field out"}
+            for loc in plan_rules.non_finite_locations(raw)]
 
 
 def _schema_error(source: str, violations: list[Violation]) -> FtlError:

@@ -10,6 +10,7 @@ every command prints one response-v2 envelope whose ``data`` is FTL's payload (s
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import date
 from pathlib import Path
@@ -80,14 +81,13 @@ def add_tasks(env: Env) -> Reply:
     from ftl.plan_rows import plan_rows
 
     source = "plan on standard input"
-    raw = plan_input(read_stdin_json(source))
+    sent = read_stdin_json(source)
+    raw = plan_input(sent)
     campaign = env.active()
     cid = campaign["campaign_id"]
-    if isinstance(raw, dict) and env.store.plan_versions(cid):
-        # FTL's REGISTER pipes `plan.py read` here, whose record drops the plan's campaign slug and
-        # framework confidence: take them from the saved plan so the same plan is not saved twice.
-        saved = env.store.latest_plan_fields(cid, ("campaign", "framework_confidence"))
-        raw = {**{k: v for k, v in saved.items() if k not in raw}, **raw}
+    versions = env.store.plan_versions(cid) if isinstance(raw, dict) else []
+    if versions:
+        raw = _complete_plan_record(env, cid, sent, raw, versions)
     # Lean validation into store rows, pydantic only for plans it declines (the same errors); the
     # parsed JSON is dropped before the rows are written (a 10,000-task plan: issue 11 item 4).
     rows = plan_rows(raw, source=source)
@@ -96,6 +96,25 @@ def add_tasks(env: Env) -> Reply:
     return Reply({"status": "tasks_added", "campaign_id": cid, "seqs": seqs,
                   "plan_version": env.store.plan_versions(cid)[-1]},
                  ftl={"status": "tasks_added"}, ftl_indent=None)
+
+
+def _complete_plan_record(env: Env, cid: str, sent: dict, raw: dict, versions: list[int]) -> dict:
+    """The plan ``raw`` with what FTL's plan record left out filled from the saved plan.
+
+    FTL's REGISTER pipes `plan.py read --id N` here; FTL's record of a plan keeps only {id,
+    campaign_id, objective, framework, idioms, tasks, status, created_at}, so the plan's campaign
+    slug, framework confidence, schema version and extra fields (e.g. ``rationale``) are missing,
+    and the same plan would be saved again as a new version without them. A record naming a
+    saved version (``id`` N) gets every top-level field of version N it lacks; other input only
+    the campaign slug and framework confidence of the latest version, as before (a new plan
+    must not inherit another plan's extras).
+    """
+    version = sent.get("id")
+    if type(version) is int and version in versions:
+        saved = env.store.plan_header(cid, version)
+    else:
+        saved = env.store.latest_plan_fields(cid, ("campaign", "framework_confidence"))
+    return {**{k: v for k, v in saved.items() if k not in raw}, **raw}
 
 
 def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
@@ -122,7 +141,7 @@ def _illegal(current: str, target: str, seq: str, error: FtlError) -> FtlError:
                                            "to_status": target, "legal_moves": moves}, message=text)
 
 
-@command(cli, "update-task")
+@command(cli, "update-task", context_settings={"ignore_unknown_options": True})  # SEQ "-1" is an argument
 @click.argument("seq")
 @click.argument("status")
 @click.option("--reason", default=None, help="Block reason (only with STATUS blocked).")
@@ -137,8 +156,12 @@ def update_task(env: Env, seq: str, status: str, reason: str | None, delivered: 
     (changed: false). data: {task: SEQ (three digits), status, previous, changed}. Unknown seq
     -> NOT_FOUND; illegal move -> CONFLICT naming the legal ones (exit 2).
     """
-    from ftl.models import TaskStatus
+    from ftl.models import TaskStatus, normalize_seq
 
+    try:
+        normalize_seq(seq)
+    except ValueError as exc:
+        raise violation("SEQ", str(exc), "pass the seq of one of the campaign's tasks, e.g. 001") from None
     target = TASK_STATUS_ALIASES.get(status.strip().lower(), status.strip().lower())
     valid = [s.value for s in TaskStatus]
     if target not in valid:
@@ -438,9 +461,18 @@ def similarity(current: dict[str, Any], other: dict[str, Any]) -> float:
     return w_objective * objective + w_files * files + w_count * count
 
 
+def _threshold(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    """A similarity threshold: any number but NaN, which compares false with every similarity
+    (FTL accepted it and silently found nothing). Above 1 or below 0 are kept, as in FTL."""
+    if math.isnan(value):
+        raise click.BadParameter("nan is not a number to compare similarities with; use e.g. 0.5",
+                                 ctx=ctx, param=param)
+    return value
+
+
 @command(cli, "find-similar")
-@click.option("--threshold", type=click.FloatRange(0, 1), default=0.5, show_default=True,
-              help="Minimum similarity.")
+@click.option("--threshold", type=float, callback=_threshold, default=0.5, show_default=True,
+              help="Minimum similarity (similarities are 0..1; above 1 matches nothing, as in FTL).")
 @click.option("--max", "max_results", type=click.IntRange(min=0), default=5, show_default=True,
               help="Most results.")
 def find_similar(env: Env, threshold: float, max_results: int) -> Reply:
@@ -524,13 +556,20 @@ def merge_revised_plan(env: Env, path: Path) -> Reply:
 
 
 def _merge_error_text(error: FtlError) -> str:
-    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle)."""
+    """FTL's error text for the failures it reported (missing file, JSON, campaign, cycle);
+    ftl's message otherwise, with its first violation (``<path>: <message>``) appended, since
+    FTL output has no room for the envelope's ``details.violations``."""
     if error.error_type == "not_found" and "plan file" in str(error.details.get("what", "")):
         return "Revised plan not found"
     if error.error_type == "not_found":
         return "No active campaign"
     if error.error_type == "cycle_detected":
         return f"Cycle detected after merge: {error.details.get('cycle', '')}"
+    violations = error.details.get("violations")
+    first = violations[0] if isinstance(violations, list) and violations else None
+    if isinstance(first, dict):
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        return f"{error.message} First: {first.get('path', '$')}: {first.get('message', '')}{more}"
     return error.message
 
 

@@ -67,7 +67,7 @@ __all__ = [
     "violation", "no_active_campaign", "campaign_entry", "replan_input", "fingerprint",
     "parse_workspace_ref", "explorer_progress", "TASK_STATUS_ALIASES", "command", "FtlRefusal",
     "output_mode", "ftl_task", "ftl_seq_text", "ftl_depends", "ftl_status", "ftl_plan_task",
-    "plan_input", "FTL_PLAN_RECORD_KEYS", "OUTPUT_OPTION", "EXIT_HELP",
+    "plan_input", "FTL_PLAN_RECORD_KEYS", "OUTPUT_OPTION", "EXIT_HELP", "PLAN_VERSION",
 ]
 
 EXIT_OK = 0
@@ -77,6 +77,11 @@ EXIT_INTERRUPTED = 130
 
 #: FTL's status names accepted on input, mapped to the store's (FTL in_progress = ftl running).
 TASK_STATUS_ALIASES = {"in_progress": "running"}
+
+#: The type of every ``--plan-id`` / ``--id`` option naming a plan version: 1 up to SQLite's
+#: largest INTEGER (2**63 - 1), so a larger number is a usage error rather than an OverflowError
+#: inside the store (FTL crashed with that traceback).
+PLAN_VERSION = click.IntRange(min=1, max=2**63 - 1)
 
 
 # --------------------------------------------------------------------------- logging
@@ -515,7 +520,7 @@ def parse_json_option(text: str, option: str, expect: type = dict) -> Any:
     return value
 
 
-_WS_ID_RE = re.compile(r"^(\d+)-([a-z0-9]+(?:-[a-z0-9]+)*)$")
+_WS_ID_RE = re.compile(r"^([0-9]+)-([a-z0-9]+(?:-[a-z0-9]+)*)\Z")
 
 
 def parse_workspace_ref(text: str) -> tuple[str, str | None]:

@@ -74,9 +74,14 @@ def decide(text: str) -> dict[str, Any]:
         return result
     if answer["decision"] == "CONFIRM":
         return result
-    if isinstance(answer.get("plan"), dict):
-        result["plan_json"] = answer["plan"]
-        result["validation"] = validation_of(answer["plan"])
+    # A malformed plan (e.g. {"objective": "x", "tasks": "no"}) is shown with its violations, and
+    # without a decision header means PROCEED, as in FTL: the flow then re-plans on valid: false.
+    plan = answer.get("plan", answer.get("plan_attempt"))
+    if isinstance(plan, dict):
+        if result["decision"] == "UNKNOWN":
+            result["decision"] = "PROCEED"
+        result["plan_json"] = plan
+        result["validation"] = validation_of(plan)
     return result
 
 

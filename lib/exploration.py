@@ -55,7 +55,15 @@ def _session_campaign(env: Env, session: str, *, write: bool = False) -> dict:
     except FtlError as error:
         if error.error_type != "not_found":
             raise
-        return env.active()
+        active = env.active(required=False)
+        if active is None:
+            # FTL 89a2f8e's TASK flow wrote results with no campaign (stored by session, then
+            # unreachable: its workspaces came out empty); here they belong to a campaign.
+            text = (f"No campaign is active, and explorer results belong to one: session {session} "
+                    "names the active campaign. Run `campaign.py create OBJECTIVE` before the "
+                    "explorers (FTL's TASK flow does so at INIT from d1d2646 on).")
+            raise FtlError("not_found", {"what": "active campaign"}, message=text)
+        return active
     if write and campaign["status"] != "active":
         text = (f"Session {session} is the finished campaign {session}; results are written to the "
                 "active campaign only.")

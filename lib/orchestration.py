@@ -119,12 +119,17 @@ def wait_explorers(env: Env, session: str, required: int | None, timeout_s: floa
         return Reply(result, ftl_exit=1 if status == "timeout" else 0)
 
 
-def _state(value: str, where: str) -> str:
+def _state(value: str, where: str, why: str = "") -> str:
+    """``value`` as a machine state name (case-blind). Raises: FtlError(schema_invalid) naming
+    the states, and ``why`` only they are accepted when given."""
     from ftl.engine.machine import State
 
     name = value.strip().upper()
     if name not in State.__members__:
-        raise violation(where, f"{value!r} is not a state", f"use one of {', '.join(s.value for s in State)}")
+        states = ", ".join(s.value for s in State)
+        because = f" ({why})" if why else ""
+        raise violation(where, f"{value!r} is not a state of ftl's machine: {states}{because}",
+                        f"use one of {states}")
     return name
 
 
@@ -193,7 +198,8 @@ def emit_state(env: Env, state: str, meta: str | None) -> Reply:
     """
     from ftl import events
 
-    name = _state(state, "STATE")
+    name = _state(state, "STATE", why="STATE_ENTRY events go to the campaign's event log, which "
+                                      "`ftl replay` checks against the machine's transitions")
     fields = parse_json_option(meta, "--meta") if meta is not None else {}
     clash = sorted({"ts", "seq", "campaign_id", "event", "state"} & fields.keys())
     if clash:

@@ -25,8 +25,8 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (Env, FtlRefusal, Reply, command, ftl_plan_task, plan_input, read_stdin_json, run,
-                     script_group, wrap)
+from _common import (PLAN_VERSION, Env, FtlRefusal, Reply, command, ftl_plan_task, plan_input,
+                     read_stdin_json, run, script_group, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("plan.py", "Plan versions of a campaign (FTL plan.py).")
@@ -92,7 +92,7 @@ def write(env: Env) -> Reply:
 
 
 @command(cli, "read")
-@click.option("--id", "plan_id", type=click.IntRange(min=1), required=True, help="Plan version N.")
+@click.option("--id", "plan_id", type=PLAN_VERSION, required=True, help="Plan version N.")
 @_CAMPAIGN_OPTION
 def read(env: Env, plan_id: int, campaign_id: str | None) -> Reply:
     """Plan version N. data: the plan object. Unknown version -> NOT_FOUND (exit 2)."""
@@ -130,7 +130,7 @@ def get_active(env: Env, campaign_id: str | None) -> Reply:
 
 
 @command(cli, "mark-executed")
-@click.option("--id", "plan_id", type=click.IntRange(min=1), required=True, help="Plan version N.")
+@click.option("--id", "plan_id", type=PLAN_VERSION, required=True, help="Plan version N.")
 @_CAMPAIGN_OPTION
 def mark_executed(env: Env, plan_id: int, campaign_id: str | None) -> Reply:
     """Mark plan version N executed: its status reads ``executed`` from now on and ``get-active``

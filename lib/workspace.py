@@ -26,8 +26,8 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (Env, FtlRefusal, Reply, command, parse_json_option, parse_workspace_ref, run,
-                     script_group, wrap)
+from _common import (PLAN_VERSION, Env, FtlRefusal, Reply, command, parse_json_option,
+                     parse_workspace_ref, run, script_group, wrap)
 from ftl.surfaces.envelope import Warning
 from ftl.errors import FtlError
 
@@ -110,24 +110,43 @@ def _start(env: Env, cid: str, seq: str) -> dict:
                        message=error.message) from None
 
 
+def _open_attempt_of(env: Env, cid: str, row: dict) -> dict | None:
+    """The open workspace (active or built) of task ``row``'s current attempt, or None."""
+    current = [w for w in env.store.workspaces(cid, seq=row["seq"])
+               if w["attempt"] == row["attempts"] and w["status"] in OPEN]
+    return current[-1] if current else None
+
+
 def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
-    """Start ``seq`` (or pick up its running attempt) and record its workspace; return the view."""
+    """Start ``seq`` (or pick up its running attempt) and record its workspace; return the row.
+
+    The workspace is built from the task's current spec in the store (a re-plan merge may have
+    revised or added it since any given plan version) and ``plan``'s header (objective,
+    framework, idioms). Two calls for the same task at once both return the one attempt: the
+    store's transition and its (workspace, attempt) key let only one start and record it, and
+    the other re-reads what the first recorded.
+    """
     from ftl.engine.workspaces import build_workspace
+    from ftl.models import Task
 
     row = env.store.task(cid, seq)
+    if row["status"] == "pending":
+        try:
+            row = _start(env, cid, seq)
+        except FtlError as error:
+            row = env.store.task(cid, seq)
+            if error.error_type != "illegal_transition" or row["status"] != "running":
+                raise
     if row["status"] == "running":
-        current = [w for w in env.store.workspaces(cid, seq=seq)
-                   if w["attempt"] == row["attempts"] and w["status"] in OPEN]
-        if current:  # FTL create is idempotent: the open attempt is returned as it is
-            return current[-1]
-    elif row["status"] == "pending":
-        row = _start(env, cid, seq)
+        found = _open_attempt_of(env, cid, row)
+        if found is not None:  # FTL create is idempotent: the open attempt is returned as it is
+            return found
     else:
         hint = ("re-open it with campaign.py merge-revised-plan" if row["status"] == "blocked"
                 else f"read its workspace with `workspace.py parse {seq}`")
         text = f"Task {seq} is {row['status']}; no new attempt can start ({hint})."
         raise FtlError("conflict", {"what": text}, message=text)
-    task = plan.task(seq)
+    task = Task.model_validate(row["spec"])
     from ftl.memory import MemoryStore
 
     memory = MemoryStore(env.store).context(objective=plan.objective or None, max_failures=5,
@@ -136,8 +155,16 @@ def _create_one(env: Env, cid: str, plan, seq: str) -> dict:
         campaign_id=cid, plan=plan, task=task, attempt=row["attempts"],
         timeout_s=env.config.task_timeout_s(task.budget, task.timeout_s),
         tasks=env.store.tasks(cid), memory=memory)
-    env.store.record_workspace(cid, {**workspace.model_dump(mode="json"), **_ftl_extras(env, cid, task),
-                                     "status": "active"})
+    try:
+        env.store.record_workspace(cid, {**workspace.model_dump(mode="json"),
+                                         **_ftl_extras(env, cid, task), "status": "active"})
+    except FtlError as error:
+        if error.error_type != "conflict":
+            raise
+        found = _open_attempt_of(env, cid, env.store.task(cid, seq))  # recorded by a concurrent call
+        if found is None:
+            raise
+        return found
     return _find(env, cid, workspace.workspace_id)
 
 
@@ -167,19 +194,23 @@ def _ftl_extras(env: Env, cid: str, task) -> dict[str, Any]:
 
 
 @command(cli, "create")
-@click.option("--plan-id", "plan_id", type=click.IntRange(min=1), required=True,
+@click.option("--plan-id", "plan_id", type=PLAN_VERSION, required=True,
               help="Plan version N of the active campaign (see plan.py).")
 @click.option("--task", "task_seq", default=None, help="Only this task's seq (001, 1 and 01 are equal).")
 def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:
-    """Create workspaces for plan version N's tasks, starting each task (pending -> running).
+    """Create workspaces for the campaign's tasks, starting each task (pending -> running).
 
-    With --task: that task, which must be ready (every dependency complete) or already
-    running (its open workspace is returned unchanged). Without: every READY task of the plan;
-    others are listed in `skipped` (FTL created one for every task, so all but the first stayed
-    active forever, §8.2 item 1). data: {"created": [workspace, ...], "skipped": [{seq,
-    status}]}. No active campaign, unknown plan version or seq -> NOT_FOUND; a blocked,
-    complete or not-ready task -> CONFLICT (exit 2). A plan version older than the latest gives
-    a STALE_CACHE warning.
+    A campaign without tasks first registers plan version N (FTL's TASK flow creates
+    workspaces without add-tasks). Each workspace is built from its task's current spec in the
+    store and the header (objective, framework, idioms) of the latest plan version, so a task
+    a re-plan merge added or revised gets its current spec while FTL's flow keeps passing the
+    plan id it started with; an N older than the latest only adds a STALE_CACHE warning.
+    With --task: that task, which must be ready (every dependency complete) or already running
+    (its open workspace is returned unchanged). Without: every READY task; the others are
+    listed in `skipped` (FTL created one for every task, so all but the first stayed active
+    forever, §8.2 item 1). data: {"created": [workspace, ...], "skipped": [{seq, status}]}.
+    No active campaign, unknown plan version or seq -> NOT_FOUND; a blocked, complete or
+    not-ready task -> CONFLICT (exit 2).
     """
     from ftl import dag
     from ftl.models import normalize_seq
@@ -190,30 +221,31 @@ def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:
     latest = env.store.plan_versions(cid)[-1]
     if plan_id != latest:
         warnings.append(Warning("STALE_CACHE", f"plan version {plan_id} is not the latest ({latest}); "
-                                               "its task specs may be out of date",
+                                               "workspaces are built from the tasks' current specs",
                                 {"plan_id": plan_id, "latest": latest}))
-    planned = [t.seq for t in plan.tasks]
-    skipped: list[dict[str, str]] = []
+    seq = None
     if task_seq is not None:
         try:
             seq = normalize_seq(task_seq)
         except ValueError as exc:
             raise FtlError("schema_invalid", {"count": 1, "violations": [
                 {"path": "--task", "message": str(exc), "fix": "pass a seq like 001"}]}) from None
-        if seq not in planned:
-            raise FtlError("not_found", {"what": f"task {seq} in plan version {plan_id}"},
-                           message=f"Task {seq} is not in plan version {plan_id}.")
+    if not env.store.tasks(cid):  # register the plan first: FTL's TASK flow never calls add-tasks
+        env.store.add_tasks(cid, plan)
+    if env.store.plan_versions(cid)[-1] != plan_id:  # the header of the latest version
+        plan = env.store.get_plan(cid)
+    depends, status = env.store.task_graph(cid)
+    skipped: list[dict[str, str]] = []
+    if seq is not None:
+        if seq not in status:
+            text = f"Task {seq} is not a task of campaign {cid}; its tasks are those of its plan versions."
+            raise FtlError("not_found", {"what": f"task {seq} of campaign {cid}"}, message=text)
         seqs = [seq]
     else:
-        rows = env.store.tasks(cid)
-        ready = set(dag.ready_set({r["seq"]: r["depends"] for r in rows},
-                                  {r["seq"]: r["status"] for r in rows}))
-        status = {r["seq"]: r["status"] for r in rows}
-        seqs = [s for s in planned if s in ready]
-        skipped = [{"seq": s, "status": status.get(s, "unregistered")} for s in planned if s not in ready]
-    if not env.store.tasks(cid):  # FTL's flow may create workspaces before add-tasks
-        env.store.add_tasks(cid, plan)
-    rows = [_create_one(env, cid, plan, seq) for seq in seqs]
+        ready = set(dag.ready_set(depends, status))
+        seqs = [s for s in status if s in ready]
+        skipped = [{"seq": s, "status": state} for s, state in status.items() if s not in ready]
+    rows = [_create_one(env, cid, plan, s) for s in seqs]
     return Reply({"created": [view(r) for r in rows], "skipped": skipped}, warnings=warnings,
                  ftl={"created": [ftl_view(r) for r in rows]}, ftl_indent=None)
 

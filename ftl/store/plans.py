@@ -187,6 +187,26 @@ class PlanVersionsMixin:
                 "SELECT version FROM plan WHERE campaign_id = ? ORDER BY version", (campaign_id,))]
 
 
+    def plan_header(self, campaign_id: str, version: int | None = None) -> dict[str, Any]:
+        """Every top-level field of plan ``version`` of the campaign (the latest by default) but
+        ``tasks``, as saved (``by_alias`` keys, a plan's extra fields included), without decoding
+        its task list (SQLite's ``json_remove`` drops it first).
+
+        Raises: FtlError(not_found) naming the campaign or the missing version.
+        """
+        with self._session() as conn:
+            self._campaign_row(conn, campaign_id)
+            if version is None:
+                row = conn.execute("SELECT json_remove(plan, '$.tasks') FROM plan WHERE campaign_id = ? "
+                                   "ORDER BY version DESC LIMIT 1", (campaign_id,)).fetchone()
+            else:
+                row = conn.execute("SELECT json_remove(plan, '$.tasks') FROM plan WHERE campaign_id = ? "
+                                   "AND version = ?", (campaign_id, version)).fetchone()
+        if row is None:
+            what = "any plan" if version is None else f"plan version {version}"
+            raise FtlError("not_found", {"what": f"{what} of campaign {campaign_id}"})
+        return _loads(row[0])
+
     def latest_plan_fields(self, campaign_id: str, names: Sequence[str]) -> dict[str, Any]:
         """Top-level fields of the campaign's latest plan version, read by SQLite's JSON
         functions without decoding the plan (a 10,000-task plan is megabytes of JSON).

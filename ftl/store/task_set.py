@@ -51,8 +51,9 @@ def check_plan_graph(tasks: Sequence[Task] | Sequence[TaskRow]) -> None:
     cycle = dag.find_cycle(graph)
     if cycle:
         text = dag.format_cycle(cycle)
+        # cycle[0] depends on cycle[1]: the path names that dependency, as the other checks do.
         raise FtlError("cycle_detected", {"cycle": text, "violations": [
-            {"path": "tasks", "message": f"dependency cycle {text}"}]})
+            {"path": f"tasks[seq={cycle[0]}].depends", "message": f"dependency cycle {text}"}]})
     missing = dag.dangling(graph)
     if missing:
         valid = ", ".join(sorted(graph, key=int))

@@ -108,31 +108,38 @@ _NUMBERED_RE = re.compile(r"^\s*(?:\d{1,3}[.)]|\(\d{1,3}\))\s+(.*\?)[\s*_]*$")
 _BULLET_RE = re.compile(r"^\s*[-*+•]\s+(?:\[[ xX]\]\s+)?(.*\?)[\s*_]*$")
 
 
-def _split_fences(text: str) -> tuple[list[str], list[str]]:
-    """(prose lines outside code fences, contents of every fenced block in order)."""
+def _split_fences(text: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """(prose lines outside code fences, ``(info string, contents)`` of every fenced block in
+    order; the info string is the fence's language tag, lower-cased, "" when untagged)."""
     prose: list[str] = []
-    blocks: list[str] = []
+    blocks: list[tuple[str, str]] = []
     current: list[str] | None = None
-    marker = ""
+    marker = tag = ""
     for line in text.splitlines():
         fence = _FENCE_RE.match(line)
         if current is None:
             if fence:
-                current, marker = [], fence.group(1)
+                current, marker, tag = [], fence.group(1), fence.group(2).lower()
             else:
                 prose.append(line)
         elif fence and line.strip().startswith(marker[0] * len(marker)) and not fence.group(2):
-            blocks.append("\n".join(current))
+            blocks.append((tag, "\n".join(current)))
             current = None
         else:
             current.append(line)
     if current is not None:  # unclosed fence: keep what it holds
-        blocks.append("\n".join(current))
+        blocks.append((tag, "\n".join(current)))
     return prose, blocks
 
 
 def _is_plan(value: Any) -> bool:
     return isinstance(value, dict) and isinstance(value.get("tasks"), list)
+
+
+def _names_plan_fields(value: Any) -> bool:
+    """An object that names a plan's two required fields, whatever their values (FTL's rule for
+    a plan written in the text: an object with "objective" then "tasks")."""
+    return isinstance(value, dict) and "objective" in value and "tasks" in value
 
 
 def _objects(text: str) -> Iterator[dict[str, Any]]:
@@ -179,6 +186,9 @@ def _from_json_answer(value: Any) -> dict[str, Any] | None:
                                   "inferred": False, "markers": ["json-decision"]}
         if _is_plan(value.get("plan")):
             answer["plan"] = value["plan"]
+        elif isinstance(value.get("plan"), dict) and value["plan"]:
+            answer["plan_attempt"] = value["plan"]
+            answer["markers"].append("plan-attempt")
         return answer
     return None
 
@@ -196,14 +206,19 @@ def parse_planner_output(text: str) -> dict[str, Any]:
        CLARIFY or CONFIRM; when several differ, CLARIFY beats CONFIRM beats PROCEED. The plan is
        the first fenced block that parses as a JSON plan; failing that, the first JSON plan
        object found in the text. Questions are numbered or bulleted lines ending in "?" outside
-       code fences.
+       code fences. Without a plan, a malformed one is kept as ``plan_attempt``: the first
+       ``json`` or untagged fenced block that is a non-empty JSON object, else an object in the
+       text naming "objective" and "tasks" (e.g. ``{"objective": "x", "tasks": "no"}``), so a
+       caller can say why it is not a plan (FTL's decision_parser returned such an object as
+       the plan with ``valid: false``). It does not change the decision.
     3. No header: a plan found means PROCEED; a "Questions" heading with questions means
        CLARIFY; otherwise UNKNOWN. These inferred decisions carry ``inferred: true``.
 
     Returns:
-        ``{"decision": PROCEED | CLARIFY | CONFIRM | UNKNOWN, "plan"?: dict (unvalidated),
-        "questions": [str], "inferred": bool, "markers": [str]}``; ``markers`` names what was
-        recognised (``"header:CLARIFY"``, ``"fenced-plan"``, ``"raw-plan"``, ...).
+        ``{"decision": PROCEED | CLARIFY | CONFIRM | UNKNOWN, "plan"?: dict (unvalidated, its
+        "tasks" a list), "plan_attempt"?: dict (only without "plan"), "questions": [str],
+        "inferred": bool, "markers": [str]}``; ``markers`` names what was recognised
+        (``"header:CLARIFY"``, ``"fenced-plan"``, ``"raw-plan"``, ``"plan-attempt"``, ...).
     """
     if not isinstance(text, str):
         text = str(text)
@@ -232,7 +247,8 @@ def parse_planner_output(text: str) -> dict[str, Any]:
             markers.append("questions-section")
 
     plan: dict[str, Any] | None = None
-    for block in blocks:
+    attempt: dict[str, Any] | None = None  # the first JSON object given as the plan, if malformed
+    for tag, block in blocks:
         try:
             candidate = json.loads(block)
         except (ValueError, RecursionError):
@@ -241,10 +257,15 @@ def parse_planner_output(text: str) -> dict[str, Any]:
             plan = candidate
             markers.append("fenced-plan")
             break
+        if attempt is None and tag in ("", "json") and isinstance(candidate, dict) and candidate:
+            attempt = candidate
     if plan is None:
-        plan = next((obj for obj in _objects("\n".join(prose)) if _is_plan(obj)), None)
+        objects = list(_objects("\n".join(prose)))
+        plan = next((obj for obj in objects if _is_plan(obj)), None)
         if plan is not None:
             markers.append("raw-plan")
+        elif attempt is None:
+            attempt = next((obj for obj in objects if _names_plan_fields(obj)), None)
 
     questions = _questions(prose)
     inferred = False
@@ -256,8 +277,12 @@ def parse_planner_output(text: str) -> dict[str, Any]:
         decision, inferred = "CLARIFY", True
     else:
         decision = "UNKNOWN"
+    if plan is None and attempt is not None:
+        markers.append("plan-attempt")
     answer = {"decision": decision, "questions": questions, "inferred": inferred,
               "markers": list(dict.fromkeys(markers))}
     if plan is not None:
         answer["plan"] = plan
+    elif attempt is not None:
+        answer["plan_attempt"] = attempt
     return answer
