@@ -31,7 +31,7 @@ def enter(run: Run) -> Next:
     facts = run.facts()
     if run.plan_input is not None:
         facts.append(fact("plan_given"))
-    selected = run.tools.select(INTENT, facts)
+    selected = run.select_tools(INTENT, facts)
     if "load_plan" in selected:
         tool, args = "load_plan", {"plan": run.plan_input}
     elif "claude_planner" in selected or "agent_planner" in selected:

@@ -175,6 +175,21 @@ class Run:
             data[REPLAN_MERGED] = True
         return data
 
+    def select_tools(self, intent: str, facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """`ToolClient.select` under the recovery protocol (tool ``select:<intent>``): a
+        transient failure of the evaluation (``server_not_ready`` with its ``retry_after_ms``,
+        ``timeout``, ``network_error``) is emitted, classified and retried once like any tool
+        call (FTL ERROR_HANDLING), instead of going straight to ERROR.
+
+        Returns:
+            ``{tool_name: macro_tool_dict}`` as `ToolClient.select`.
+        Raises:
+            FtlError: the last failure once the policy gives up (already emitted and classified).
+        """
+        return self.recovery.run(lambda attempt: self.tools.select(intent, facts),
+                                 tool=f"select:{intent}", state=self.machine_state,
+                                 cancel=self.cancel)
+
     def facts(self) -> list[dict[str, Any]]:
         """Facts that describe the campaign to the tool server (MangleCP intent_request)."""
         from ftl.engine.tools import fact

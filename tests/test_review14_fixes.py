@@ -1,0 +1,114 @@
+"""Fixes from review 14 of the state machine, error routing and the campaign tools.
+
+Each test drives the real code (the embedded MangleCP server in process, a real store, real
+shell commands) and fails without its fix; the failure a stand-in client injects is the one a
+real server sends (an ``FtlError`` the MangleCP client maps from an error envelope).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ftl.config import Config
+from ftl.errors import FtlError
+from ftl.events import read_events
+from ftl.postmortem.replay import replay
+from ftl.engine.runner import Runner, connect_in_process
+
+
+class FailingEvaluations:
+    """The in-process MangleCP client, except that evaluations of ``intent`` raise the given
+    errors first (one per evaluation, in order), as a server that is not ready would, and
+    invocations of the ``hanging`` macro-tools wait for their cancel (a tool past its deadline)."""
+
+    def __init__(self, inner: Any, intent: str | None, errors: list[FtlError],
+                 hanging: frozenset[str] = frozenset()) -> None:
+        self.inner, self.intent, self.errors, self.hanging = inner, intent, list(errors), hanging
+        self.names: dict[str, str] = {}
+
+    def evaluate(self, intent: str, facts: Any, **kwargs: Any) -> Any:
+        if intent == self.intent and self.errors:
+            raise self.errors.pop(0)
+        response = self.inner.evaluate(intent, facts, **kwargs)
+        for tool in response.macro_tools or []:
+            self.names[tool.macro_id] = tool.name
+        return response
+
+    def invoke(self, macro_id: str, args: dict[str, Any], **kwargs: Any) -> Any:
+        if self.names.get(macro_id) in self.hanging:
+            kwargs["cancel"].wait(30)
+            raise FtlError("cancelled", {"what": self.names[macro_id]})
+        return self.inner.invoke(macro_id, args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _plan(*tasks: dict[str, Any]) -> dict[str, Any]:
+    return {"objective": "review drill", "tasks": list(tasks)}
+
+
+def _task(seq: str, run: str = "true", **extra: Any) -> dict[str, Any]:
+    return {"seq": seq, "slug": f"task-{seq}", "creates": [f"out/{seq}"], "run": run,
+            "verify": "true", "budget": 1, **extra}
+
+
+def _runner(repo: Path, intent: str | None = None, errors: list[FtlError] | None = None,
+            waits: list[float] | None = None, hanging: frozenset[str] = frozenset(),
+            **config: Any) -> Runner:
+    settings = {"jobs": 1, "explorer_timeout_s": 30, "retry_backoff_min_s": 0.01, **config}
+
+    def factory(cfg: Config, path: Path) -> Any:
+        return FailingEvaluations(connect_in_process(cfg, path), intent, errors or [], hanging)
+
+    return Runner(repo, Config(**settings), client_factory=factory,
+                  sleep=None if waits is None else waits.append)
+
+
+def _events(result: Any) -> list[dict[str, Any]]:
+    events = list(read_events(result.log_path))
+    assert replay([result.log_path]).violations == []
+    return events
+
+
+# --- item 1: the tool selection of EXPLORE and PLAN is retried; an empty timeout does not plan
+
+def test_explorer_selection_not_ready_is_retried_after_its_retry_after(tmp_path: Path) -> None:
+    waits: list[float] = []
+    not_ready = FtlError("server_not_ready", {"status": "starting"}, retry_after_ms=1500)
+    with _runner(tmp_path, "explore_codebase", [not_ready], waits) as runner:
+        result = runner.start("review drill", plan_input=_plan(_task("001")))
+    events = _events(result)
+    assert result.exit_code == 0
+    classified = [e for e in events if e["event"] == "FAILURE_CLASSIFIED"]
+    assert [(e["tool"], e["error_type"], e["decision"]) for e in classified] == [
+        ("select:explore_codebase", "server_not_ready", "retry")]
+    assert [e["wait_ms"] for e in events if e["event"] == "RETRY"] == [1500]
+    assert waits == [1.5]  # the server's retry-after, not the 10 ms backoff
+    assert not any(e["event"] == "STATE_ENTRY" and e["state"] == "ERROR" for e in events)
+
+
+def test_plan_selection_timeout_is_retried(tmp_path: Path) -> None:
+    timeout = FtlError("timeout", {"what": "evaluation", "timeout_s": 5})
+    with _runner(tmp_path, "plan_campaign", [timeout], []) as runner:
+        result = runner.start("review drill", plan_input=_plan(_task("001")))
+    events = _events(result)
+    assert result.exit_code == 0
+    assert [(e["state"], e["tool"], e["decision"]) for e in events
+            if e["event"] == "FAILURE_CLASSIFIED"] == [("PLAN", "select:plan_campaign", "retry")]
+
+
+def test_exploration_timeout_with_nothing_explored_returns_instead_of_planning(tmp_path: Path) -> None:
+    timeouts = [FtlError("timeout", {"what": "evaluation", "timeout_s": 5}) for _ in range(2)]
+    with _runner(tmp_path, "explore_codebase", timeouts, []) as runner:
+        result = runner.start("review drill", plan_input=_plan(_task("001")))
+    events = _events(result)
+    assert result.exit_code == 4
+    assert [e["decision"] for e in events if e["event"] == "FAILURE_CLASSIFIED"] == [
+        "retry", "escalate"]
+    assert [(e["error_type"], e["route"]) for e in events if e["event"] == "ERROR_ROUTE"] == [
+        ("timeout", "summary")]
+    assert not any(e["event"] == "STATE_ENTRY" and e["state"] == "PLAN" for e in events)
+    assert not any(e["event"] == "TASK_START" for e in events)
+
