@@ -112,3 +112,66 @@ def test_exploration_timeout_with_nothing_explored_returns_instead_of_planning(t
     assert not any(e["event"] == "STATE_ENTRY" and e["state"] == "PLAN" for e in events)
     assert not any(e["event"] == "TASK_START" for e in events)
 
+
+# --- item 8: a resumed ERROR keeps the state it came from
+
+def test_resumed_error_remembers_its_origin(tmp_path: Path, monkeypatch) -> None:
+    """A timeout from CASCADE (its analysis could not be selected) is interrupted in ERROR and
+    resumed: it still returns the summary instead of re-planning the registered campaign."""
+    from ftl.engine.machine import State
+    from ftl.states import HANDLERS
+
+    real_error = HANDLERS[State.ERROR]
+
+    def interrupted(run: Any) -> Any:
+        raise KeyboardInterrupt  # Ctrl-C as ERROR starts: the machine is saved in ERROR
+
+    timeouts = [FtlError("timeout", {"what": "evaluation", "timeout_s": 5}) for _ in range(2)]
+    plan = _plan(_task("001", "exit 1"), _task("002", depends="001"), _task("003", depends="001"))
+    monkeypatch.setitem(HANDLERS, State.ERROR, interrupted)
+    with _runner(tmp_path, "analyze_cascade", timeouts, []) as runner:
+        first = runner.start("review drill", plan_input=plan)
+    assert first.outcome == "cancelled"
+    monkeypatch.setitem(HANDLERS, State.ERROR, real_error)
+    with _runner(tmp_path) as runner:
+        campaign = runner.store.get_campaign(first.campaign_id)
+        assert campaign["machine_state"] == "ERROR"
+        assert campaign["error"]["error_type"] == "timeout"
+        assert campaign["error"]["origin"] == "CASCADE"
+        result = runner.resume()
+    events = _events(result)
+    assert result.exit_code == 4
+    assert [(e["error_type"], e["route"]) for e in events if e["event"] == "ERROR_ROUTE"] == [
+        ("timeout", "summary")]
+    resumed = events[max(i for i, e in enumerate(events) if e["event"] == "RESUME"):]
+    assert not any(e["event"] == "STATE_ENTRY" and e["state"] == "PLAN" for e in resumed)
+
+
+def test_resumed_exploration_timeout_still_plans_with_its_partial_data(tmp_path: Path,
+                                                                      monkeypatch) -> None:
+    """Three explorers answer, the fourth outlives EXPLORE's deadline and the quorum is all
+    four: ``timeout`` with partial data. Interrupted in ERROR and resumed, it still goes to
+    PLAN (the stored origin is EXPLORE), and the campaign completes."""
+    from ftl.engine.machine import State
+    from ftl.states import HANDLERS
+
+    real_error = HANDLERS[State.ERROR]
+
+    def interrupted(run: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(HANDLERS, State.ERROR, interrupted)
+    with _runner(tmp_path, hanging=frozenset({"explore_delta"}), explorer_timeout_s=0.5,
+                 explorer_quorum=4) as runner:
+        first = runner.start("review drill", plan_input=_plan(_task("001")))
+    assert first.outcome == "cancelled"
+    monkeypatch.setitem(HANDLERS, State.ERROR, real_error)
+    with _runner(tmp_path) as runner:
+        campaign = runner.store.get_campaign(first.campaign_id)
+        assert (campaign["machine_state"], campaign["error"]["error_type"],
+                campaign["error"]["origin"]) == ("ERROR", "timeout", "EXPLORE")
+        result = runner.resume()
+    events = _events(result)
+    assert result.exit_code == 0
+    assert [(e["error_type"], e["route"]) for e in events if e["event"] == "ERROR_ROUTE"] == [
+        ("timeout", "plan")]

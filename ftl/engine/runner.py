@@ -412,6 +412,10 @@ class Runner:
                     run.current_plan = None
                 if campaign.get("error"):
                     run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
+                    # The state that failed decides the route (a timeout re-plans only from
+                    # EXPLORE); a record written before the origin was kept has None, which
+                    # routes that error to the summary.
+                    run.error_origin = campaign["error"].get("origin")
                 reset = self.store.reset_running(run.campaign_id)
                 _end_cut_attempts(run)
             except BaseException:  # not driving yet: close what _make_run opened
@@ -600,7 +604,7 @@ class Runner:
                 if entry.get("resumed"):
                     self._reap_orphans(run, state)
                 self.store.save_machine(run.campaign_id, state.value, run.tracked_json(),
-                                        error=_error_record(run.error))
+                                        error=_error_record(run.error, run.error_origin))
                 try:
                     step = HANDLERS[state](run)
                 except (KeyboardInterrupt, RunStopped):
@@ -759,10 +763,13 @@ def _digest(value: Any) -> str | None:
                                      default=str).encode()).hexdigest()
 
 
-def _error_record(error: FtlError | None) -> dict[str, Any] | None:
+def _error_record(error: FtlError | None, origin: str | None = None) -> dict[str, Any] | None:
+    """The pending error as stored with the machine: ``{error_type, details, origin}``, where
+    ``origin`` is the state that failed (ERROR's route depends on it; `Runner.resume` restores
+    it), or None when there is no pending error."""
     if error is None:
         return None
-    return {"error_type": error.error_type, "details": error.safe_details()}
+    return {"error_type": error.error_type, "details": error.safe_details(), "origin": origin}
 
 
 @contextlib.contextmanager
