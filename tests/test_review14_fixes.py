@@ -175,3 +175,13 @@ def test_resumed_exploration_timeout_still_plans_with_its_partial_data(tmp_path:
     assert result.exit_code == 0
     assert [(e["error_type"], e["route"]) for e in events if e["event"] == "ERROR_ROUTE"] == [
         ("timeout", "plan")]
+
+
+# --- item 4 (CASCADE's side): a stale package lock file is not a root worth re-opening
+
+def test_a_stale_lockfile_block_is_not_a_transient_root() -> None:
+    from ftl.server.tools.cascade import looks_transient
+
+    assert not looks_transient("error Your lockfile needs to be updated, but yarn was run with "
+                               "`--frozen-lockfile`.")
+    assert looks_transient("lock contention on .git/index.lock")
