@@ -185,3 +185,31 @@ def test_a_stale_lockfile_block_is_not_a_transient_root() -> None:
     assert not looks_transient("error Your lockfile needs to be updated, but yarn was run with "
                                "`--frozen-lockfile`.")
     assert looks_transient("lock contention on .git/index.lock")
+
+
+# --- item 3: CASCADE re-plans with Claude Code when planner = "claude"
+
+STAND_IN = Path(__file__).resolve().parents[1] / "examples" / "claude-builder" / "stand_in_claude.py"
+
+
+def test_cascade_replans_with_the_claude_planner(tmp_path: Path, monkeypatch) -> None:
+    import json
+    import sys
+
+    monkeypatch.setenv("FTL_STAND_IN_LOG", str(tmp_path / "argv"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    plan = _plan(_task("001", "exit 1"), _task("002", depends="001"), _task("003", depends="001"))
+    with _runner(repo, planner="claude", builder="claude",
+                 claude={"command": [sys.executable, str(STAND_IN)]}) as runner:
+        result = runner.start("review drill", plan_input=plan)
+    events = _events(result)
+    assert result.exit_code == 0  # the re-planned 001 (Claude builds it) and 002, 003 complete
+    analysis = next(e for e in events if e["event"] == "CASCADE_ANALYSIS")
+    assert analysis["recommendation"] == "replan"
+    assert any(e["event"] == "CASCADE_REPLAN" for e in events)
+    calls = [(e["state"], e["tool"], e["intent"]) for e in events if e["event"] == "TOOL_CALL"
+             and e["tool"].endswith("_planner")]
+    assert calls == [("CASCADE", "claude_planner", "replan_campaign")]
+    runs = [json.loads(line) for line in (tmp_path / "argv" / "argv.jsonl").read_text().splitlines()]
+    assert [r["slug"] for r in runs] == ["planner", "planned"]
