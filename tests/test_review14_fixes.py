@@ -213,3 +213,46 @@ def test_cascade_replans_with_the_claude_planner(tmp_path: Path, monkeypatch) ->
     assert calls == [("CASCADE", "claude_planner", "replan_campaign")]
     runs = [json.loads(line) for line in (tmp_path / "argv" / "argv.jsonl").read_text().splitlines()]
     assert [r["slug"] for r in runs] == ["planner", "planned"]
+
+
+# --- item 2: OBSERVE keeps unrelated failures apart, each with its own error text
+
+def test_observe_records_each_failure_with_its_own_error(tmp_path: Path) -> None:
+    from ftl.memory import MemoryStore
+    from ftl.store import Store
+
+    plan = _plan(_task("001", verify="echo 'E   AssertionError: total 41 != 42'; exit 1"),
+                 _task("002", verify="python3 -c 'import redis_missing_module'"),
+                 _task("003", verify="echo 'curl: (22) The requested URL returned error: 404'; exit 1"))
+    with _runner(tmp_path, flaky_verify_retries=0) as runner:
+        result = runner.start("review drill", plan_input=plan)
+    events = _events(result)
+    assert result.exit_code == 3
+    observation = next(e for e in events if e["event"] == "OBSERVATION")
+    assert observation["skipped"] is False
+    with Store.for_repo(tmp_path) as store:
+        failures = {m["name"]: m for m in MemoryStore(store).entries("failure", limit=50)}
+    assert {name: entry["trigger"] for name, entry in failures.items()} == {
+        "task-001--verify-failed-assertionerror-total": "AssertionError: total 41 != 42",
+        "task-002--dependency-missing-modulenotfounderror-no-module-named":
+            "ModuleNotFoundError: No module named 'redis_missing_module'",
+        "task-003--verify-failed-curl-the-requested-url":
+            "curl: (22) The requested URL returned error: 404",
+    }
+    assert all(entry["occurrences"] == 1 for entry in failures.values())
+
+
+def test_record_merges_only_the_same_name_and_type(tmp_path: Path) -> None:
+    from ftl.memory import MemoryStore
+    from ftl.store import Store
+
+    with Store.for_repo(tmp_path) as store:
+        memory = MemoryStore(store)
+        memory.record({"name": "a--verify", "type": "failure", "source": ["s1"],
+                       "trigger": "verify_failed: Task 001's verify command failed (exit 1)."})
+        other = memory.record({"name": "b--verify", "type": "failure", "source": ["s2"],
+                               "trigger": "verify_failed: Task 002's verify command failed (exit 1)."})
+        again = memory.record({"name": "a--verify", "type": "failure", "source": ["s3"],
+                               "trigger": "anything"})
+    assert (other["name"], other["source"], other["occurrences"]) == ("b--verify", ["s2"], 1)
+    assert (again["name"], again["source"], again["occurrences"]) == ("a--verify", ["s1", "s3"], 2)

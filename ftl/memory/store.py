@@ -141,16 +141,21 @@ class MemoryStore:
         return "added" if added else f"{'merged' if failure else 'duplicate'}:{name}"
 
     def record(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Store an entry the runner extracted (no quality gate): like `add`, but an entry already
-        known (same name and type, or a similar trigger) of either type gets its sources united
-        and occurrences + 1. Returns the stored entry (`get` shape).
+        """Store an entry the runner extracted (no quality gate): an entry already known by the
+        same name and type gets its sources united and occurrences + 1 (a failure also keeps
+        the higher cost); otherwise it is added. Returns the stored entry (`get` shape).
+
+        Unlike `add` (FTL's rule for entries a person or agent writes), a similar trigger does
+        not merge: extracted names already say what failed (`ftl.server.tools.observer
+        .failure_name`), and triggers of unrelated failures can be over 85 % alike (the
+        headline of every verify failure differs only by its task number).
 
         Raises: FtlError(schema_invalid) naming a missing or malformed key.
         """
         columns, _ = self._columns(entry)
         entry_type = columns["type"]
-        _, name = self._store.add_memory_entry(columns, similar=self._repeats(columns["trigger"]),
-                                               merge=True, keep_higher_cost=entry_type == "failure")
+        _, name = self._store.add_memory_entry(columns, similar=None, merge=True,
+                                               keep_higher_cost=entry_type == "failure")
         return self.get(name, entry_type)
 
     def get(self, name: str, entry_type: str = "failure") -> dict[str, Any] | None:
