@@ -256,3 +256,51 @@ def test_record_merges_only_the_same_name_and_type(tmp_path: Path) -> None:
                                "trigger": "anything"})
     assert (other["name"], other["source"], other["occurrences"]) == ("b--verify", ["s2"], 1)
     assert (again["name"], again["source"], again["occurrences"]) == ("a--verify", ["s1", "s3"], 2)
+
+
+# --- item 9: related() lists each entry once, never the start
+
+def _linked_memory(tmp_path: Path, names: list[str], links: list[tuple[str, str, str]]):
+    from ftl.memory import MemoryStore
+    from ftl.store import Store
+
+    store = Store.for_repo(tmp_path)
+    memory = MemoryStore(store)
+    for name in names:
+        memory.record({"name": name, "type": "failure", "trigger": f"{name} broke", "fix": "x"})
+    for source, target, rel_type in links:
+        assert memory.add_relationship(source, target, "failure", rel_type) == "added"
+    return store, memory
+
+
+def test_related_lists_each_entry_once_with_its_heaviest_path(tmp_path: Path) -> None:
+    store, memory = _linked_memory(tmp_path, ["alpha", "beta", "gamma"],
+                                   [("alpha", "beta", "solves"), ("beta", "gamma", "causes")])
+    with store:
+        for hops in (2, 3):
+            found = [(h["entry"]["name"], h["hops"], h["weight"], h["via"])
+                     for h in memory.related("alpha", max_hops=hops)]
+            assert found == [("beta", 1, 1.5, "solves"), ("gamma", 2, 1.5, "causes")]
+
+
+def test_related_takes_the_heaviest_of_several_paths(tmp_path: Path) -> None:
+    # alpha -co_occurs-> delta (0.8) and alpha -solves-> beta -solves-> delta (2.25)
+    store, memory = _linked_memory(tmp_path, ["alpha", "beta", "delta", "omega"],
+                                   [("alpha", "delta", "co_occurs"), ("alpha", "beta", "solves"),
+                                    ("beta", "delta", "solves"), ("delta", "omega", "causes")])
+    with store:
+        found = {h["entry"]["name"]: (h["hops"], h["weight"], h["via"])
+                 for h in memory.related("alpha", max_hops=2)}
+        assert found == {"beta": (1, 1.5, "solves"), "delta": (2, 2.25, "solves"),
+                         "omega": (2, 0.8, "causes")}  # via the one-hop delta: within 2 hops
+        assert len(memory.related("alpha", max_hops=2)) == 3
+
+
+def test_related_on_a_dense_memory_stays_small(tmp_path: Path) -> None:
+    names = [f"f{i:02d}" for i in range(25)]
+    links = [(a, b, "co_occurs") for i, a in enumerate(names) for b in names[i + 1:]]
+    store, memory = _linked_memory(tmp_path, names, links)
+    with store:
+        found = memory.related("f00", max_hops=6, min_weight_product=0.0)
+    assert sorted(h["entry"]["name"] for h in found) == names[1:]
+    assert {(h["hops"], h["weight"]) for h in found} == {(1, 0.8)}
