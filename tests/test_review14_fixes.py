@@ -304,3 +304,22 @@ def test_related_on_a_dense_memory_stays_small(tmp_path: Path) -> None:
         found = memory.related("f00", max_hops=6, min_weight_product=0.0)
     assert sorted(h["entry"]["name"] for h in found) == names[1:]
     assert {(h["hops"], h["weight"]) for h in found} == {(1, 0.8)}
+
+
+# --- items 5-7: the explorers on odd trees and READMEs
+
+def _explore(tool: Any, repo: Path, objective: str = "") -> dict[str, Any]:
+    from ftl.server.tools.context import ToolContext
+    from ftl.server.tools.explorers import ExploreArgs
+
+    return tool(ExploreArgs(objective=objective, timeout_s=30), ToolContext(repo=repo))
+
+
+def test_pattern_explorer_survives_a_file_too_deep_to_parse(tmp_path: Path) -> None:
+    from ftl.server.tools.explorers import explore_pattern
+
+    (tmp_path / "generated.py").write_text("x = " + "1+" * 60_000 + "1\n")  # ~120 KB
+    (tmp_path / "app.py").write_text('def run(n: int) -> int:\n    """Run."""\n    return n\n')
+    result = _explore(explore_pattern, tmp_path)
+    assert result["status"] == "ok" and result["python_files"] == 2
+    assert result["style"]["type_hint_ratio"] == 1.0  # app.py counted, generated.py left out

@@ -565,12 +565,18 @@ def detect_frameworks(py_sources: dict[str, str], declared: set[str],
 
 
 def _style(py_sources: dict[str, str]) -> dict[str, Any]:
-    """Type-hint and docstring habits of the code (FTL pattern ``style``)."""
+    """Type-hint and docstring habits of the code (FTL pattern ``style``).
+
+    A file that cannot be parsed is left out of the ratios, whatever the reason: a syntax error,
+    a NUL byte (ValueError), or nesting deeper than the parser's stack (RecursionError, e.g. a
+    generated ``x = 1+1+...`` of 100 KB; MemoryError likewise), so one odd file never fails the
+    whole pattern explorer.
+    """
     functions = hinted = documented = definitions = 0
     for source in py_sources.values():
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
