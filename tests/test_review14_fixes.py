@@ -323,3 +323,14 @@ def test_pattern_explorer_survives_a_file_too_deep_to_parse(tmp_path: Path) -> N
     result = _explore(explore_pattern, tmp_path)
     assert result["status"] == "ok" and result["python_files"] == 2
     assert result["style"]["type_hint_ratio"] == 1.0  # app.py counted, generated.py left out
+
+
+def test_prose_in_the_idioms_section_does_not_switch_to_forbidden() -> None:
+    from ftl.server.tools.explorers import parse_readme_idioms
+
+    text = ("# App\n\n## Framework Idioms\n\nBuilders must always follow these; never skip them.\n\n"
+            "- Views return FT components\n- Routes use @rt\n\n**Avoid:**\n\n- Raw HTML strings\n"
+            "\nSome closing words that never mention a list.\n- Jinja templates\n")
+    found = parse_readme_idioms(text)
+    assert found["required"] == ["Views return FT components", "Routes use @rt"]
+    assert found["forbidden"] == ["Raw HTML strings", "Jinja templates"]

@@ -466,7 +466,9 @@ def parse_readme_idioms(text: str) -> dict[str, Any] | None:
     The section runs from a heading containing "framework idioms" (any level, any case) to the
     next heading of the same or a higher level. Its bullet and numbered items are idioms: an item
     is forbidden when it, or the sub-heading or label line above it, says forbidden / avoid /
-    never / don't / must not (or carries ✗ ❌); otherwise it is required.
+    never / don't / must not (or carries ✗ ❌); otherwise it is required. A label line is a line
+    outside the list that ends in ":" (emphasis aside: ``**Avoid:**``); other prose, such as
+    "Builders must always follow these; never skip them.", switches nothing.
 
     Returns:
         ``{"required": [str], "forbidden": [str], "text": section text}``, or None when the README
@@ -491,10 +493,11 @@ def parse_readme_idioms(text: str) -> dict[str, Any] | None:
             bullet = _BULLET_RE.match(line)
             if i in sub_heads or (not bullet and line.strip()):
                 label = line.strip()
-                if _FORBID_WORDS.search(label):
-                    mode = "forbidden"
-                elif _REQUIRE_WORDS.search(label):
-                    mode = "required"
+                if i in sub_heads or label.rstrip("*_ ").endswith(":"):
+                    if _FORBID_WORDS.search(label):
+                        mode = "forbidden"
+                    elif _REQUIRE_WORDS.search(label):
+                        mode = "required"
                 continue
             if not bullet:
                 continue
