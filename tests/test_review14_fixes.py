@@ -325,6 +325,43 @@ def test_pattern_explorer_survives_a_file_too_deep_to_parse(tmp_path: Path) -> N
     assert result["style"]["type_hint_ratio"] == 1.0  # app.py counted, generated.py left out
 
 
+def test_explorers_do_not_follow_links_out_of_the_repository(tmp_path: Path) -> None:
+    from ftl.server.tools.explorers import explore_delta, explore_pattern, explore_structure
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "creds.py").write_text("def load_secret_token():\n    return 'hunter2'\n")
+    (outside / "requirements.txt").write_text("django\n")
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "token_store.py").write_text("def save_token():\n    pass\n")
+    (repo / "creds.py").symlink_to(outside / "creds.py")
+    (repo / "requirements.txt").symlink_to(outside / "requirements.txt")
+    (repo / "inner.py").symlink_to(repo / "token_store.py")  # a link inside is the repo's own
+    delta = _explore(explore_delta, repo, "secret token")
+    paths = {c["path"]: c for c in delta["candidates"]}
+    assert "creds.py" not in paths and "inner.py" in paths
+    assert all(f["name"] != "load_secret_token" for c in delta["candidates"] for f in c["functions"])
+    structure = _explore(explore_structure, repo)
+    assert structure["file_count"] == 2  # token_store.py, inner.py
+    assert structure["config_files"] == []
+    pattern = _explore(explore_pattern, repo)
+    assert pattern["framework"] is None  # the linked requirements.txt is not read
+
+
+def test_config_files_are_read_capped_and_only_when_regular(tmp_path: Path) -> None:
+    import os
+
+    from ftl.server.tools.explorers import READ_LIMIT_BYTES, declared_packages, explore_pattern
+
+    (tmp_path / "requirements.txt").write_text("flask\n" + "#" * READ_LIMIT_BYTES)  # too big
+    os.mkfifo(tmp_path / "requirements-dev.txt")  # reading it would wait for a writer forever
+    (tmp_path / "setup.cfg").symlink_to("/dev/zero")  # would read until memory runs out
+    (tmp_path / "requirements-test.txt").write_text("pytest\n")
+    assert declared_packages(tmp_path) == {"pytest"}
+    assert _explore(explore_pattern, tmp_path)["status"] == "ok"
+
+
 def test_prose_in_the_idioms_section_does_not_switch_to_forbidden() -> None:
     from ftl.server.tools.explorers import parse_readme_idioms
 
