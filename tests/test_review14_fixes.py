@@ -371,3 +371,35 @@ def test_prose_in_the_idioms_section_does_not_switch_to_forbidden() -> None:
     found = parse_readme_idioms(text)
     assert found["required"] == ["Views return FT components", "Routes use @rt"]
     assert found["forbidden"] == ["Raw HTML strings", "Jinja templates"]
+
+
+# --- item 10: the live view draws on its own refresh, at most max_rows tasks
+
+def test_rich_progress_builds_no_table_per_event_and_caps_its_rows() -> None:
+    import io
+
+    from rich.console import Console
+
+    from ftl.telemetry.progress import RichProgress
+
+    out = io.StringIO()
+    view = RichProgress(Console(file=out, width=100, force_terminal=False), max_rows=5)
+    drawn: list[int] = []
+    render = view._render
+    view._render = lambda: drawn.append(1) or render()  # what Live's refresh would call
+    seqs = [f"{n:04d}" for n in range(1, 5001)]
+    view({"event": "PLAN_REGISTERED", "seqs": seqs})
+    for seq in seqs[:3000]:
+        view({"event": "TASK_START", "task_seq": seq, "worker": "w1", "attempt": 1})
+        view({"event": "TASK_END", "task_seq": seq, "status": "complete"})
+    view({"event": "TASK_START", "task_seq": "4000", "worker": "w2", "attempt": 1})
+    view({"event": "TASK_END", "task_seq": "0007", "status": "blocked"})
+    assert drawn == []  # 6,000 events, no table built: drawing is Live's, not the emitters'
+    Console(file=out, width=100, force_terminal=False).print(view._render())
+    text = out.getvalue()
+    shown = [line.split("│")[1].strip() for line in text.splitlines()
+             if line.count("│") >= 4 and line.split("│")[1].strip().isdigit()]
+    assert shown == ["4000", "0007", "3000", "2999", "2998"]  # running, then latest to end
+    assert ("4995 more task(s) not shown (1 running, 1999 pending, 2999 complete, 1 blocked)"
+            in " ".join(text.split()))
+    assert view.counts == {"complete": 2999, "blocked": 1, "pending": 1999, "running": 1}
