@@ -266,7 +266,8 @@ def _script_entry_points(repo: Path, pyproject: dict[str, Any]) -> list[str]:
         for base in ("", "src/"):
             for candidate in (f"{base}{module}.py", f"{base}{module}/__main__.py",
                               f"{base}{module}/__init__.py"):
-                if (repo / candidate).is_file() and _inside(os.path.realpath(repo), repo / candidate):
+                path = repo / candidate
+                if path.is_file() and _inside(os.path.realpath(repo), path):
                     found.append(candidate)
                     break
             else:

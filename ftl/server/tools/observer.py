@@ -25,7 +25,8 @@ from ftl.errors import FtlError
 from ftl.server.tools.context import ToolContext
 
 __all__ = ["ObserveArgs", "observer", "extract_failures", "extract_patterns", "failure_name",
-           "failure_trigger", "score_pattern", "MIN_PATTERN_SCORE", "record_feedback", "utilized_of", "injected_of"]
+           "failure_trigger", "score_pattern", "MIN_PATTERN_SCORE", "record_feedback",
+           "utilized_of", "injected_of"]
 
 MIN_PATTERN_SCORE = 3  # FTL MIN_PATTERN_SCORE
 SCORE_BLOCKED_THEN_FIXED = 3
