@@ -35,9 +35,12 @@ from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.engine.runner import REPLAN_MERGED, Next, Run
 from ftl.engine.replan import replan_input
+from ftl.states.plan import ask_planner, planner_tool
 from ftl.states.register import registered
 from ftl.engine.tools import fact
 from ftl.validation import parse_plan
+
+REPLAN_INTENT = "replan_campaign"
 
 
 def enter(run: Run) -> Next:
@@ -91,8 +94,9 @@ def enter(run: Run) -> Next:
 
 
 def planner_available(run: Run) -> bool:
-    """Whether a re-plan can be asked for: a planner command, or a revised plan not used yet."""
-    return bool(run.config.planner_command) or (
+    """Whether a re-plan can be asked for: a planner (``planner = "claude"`` or a
+    ``planner_command``, as PLAN would use), or a revised plan not used yet."""
+    return run.config.planner == "claude" or bool(run.config.planner_command) or (
         run.revised_plan_input is not None and run.tracked.replan_count == 0)
 
 
@@ -163,15 +167,19 @@ def analyze(run: Run) -> dict[str, Any]:
 
 
 def _revised_plan(run: Run):
+    """The revised plan: the unused one given with the campaign, else the planner's answer to
+    ``replan_campaign``; the planner is chosen as PLAN chooses (`ftl.states.plan.planner_tool`:
+    Claude Code with ``planner = "claude"``, else the planner command) and called the same way
+    (`ftl.states.plan.ask_planner`: rate gate, spend, classification)."""
     if run.revised_plan_input is not None and run.tracked.replan_count == 1:
         return parse_plan(run.revised_plan_input, source="revised plan", known_seqs=_seqs(run))
     facts = run.facts()
+    tool = planner_tool(run.select_tools(REPLAN_INTENT, facts))
+    args = {"objective": run.objective, "exploration": run.exploration,
+            "replan": replan_input(run.store, run.campaign_id)}
     result = run.recovery.run(
-        lambda n: run.tools.call("replan_campaign", facts, "agent_planner",
-                                 {"objective": run.objective, "exploration": run.exploration,
-                                  "replan": replan_input(run.store, run.campaign_id)},
-                                 state="CASCADE", cancel=run.cancel),
-        tool="agent_planner", state="CASCADE")
+        lambda n: ask_planner(run, facts, tool, args, intent=REPLAN_INTENT, state="CASCADE"),
+        tool=tool, state="CASCADE")
     if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
         raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
     return parse_plan(result["plan"], source="revised plan", known_seqs=_seqs(run))

@@ -1,6 +1,7 @@
 """ERROR: route the error by its registry row (FTL ERROR_PATTERN, every route reachable).
 
-    timeout            -> PLAN with the partial exploration (only from EXPLORE)
+    timeout            -> PLAN with the partial exploration (only from EXPLORE, and only when
+                          some explorer's result is in it; else summary)
     decision_unknown   -> PLAN (treated as CLARIFY; only from EXPLORE, else summary)
     quorum_failure     -> RETURN the partial results
     cascade_stuck      -> run cascade analysis and RETURN it
@@ -13,6 +14,12 @@
     anything else      -> RETURN an error summary
 
 Re-entries are bounded: after ``MAX_ERROR_ENTRIES`` the run returns whatever the route.
+
+The PLAN route is FTL ERROR_PATTERN's "timeout -> PLAN with partial data": a failure in another
+state (EXECUTE, CASCADE: re-planning would replace a registered campaign), or one from EXPLORE
+before any explorer answered (e.g. the tool selection timed out), has no partial data to plan
+with and returns the summary instead. The origin is stored with the pending error, so a resumed
+ERROR routes the same way (`ftl.engine.runner.Runner.resume`).
 """
 
 from __future__ import annotations
@@ -34,7 +41,8 @@ def enter(run: Run) -> Next | Finish:
         route = Route.SUMMARY
     if route is Route.CASCADE and run.flow is Flow.TASK:
         route = Route.OBSERVE
-    if route is Route.PLAN and run.error_origin not in ("EXPLORE", None):
+    if route is Route.PLAN and (run.error_origin != "EXPLORE" or (
+            error.error_type == "timeout" and not has_partial_exploration(run))):
         route = Route.SUMMARY  # only an exploration timeout has partial data to plan with
     run.log.emit(ev.ERROR_ROUTE, error_type=error.error_type, route=route.value)
 
@@ -71,3 +79,13 @@ def enter(run: Run) -> Next | Finish:
     run.log.emit(ev.RETURN, reason=error.error_type, route=route.value,
                  summary={k: summary[k] for k in ("message", "total", "complete", "blocked")})
     return Finish("returned", EXIT_RETURNED, summary)
+
+
+def has_partial_exploration(run: Run) -> bool:
+    """Whether the exploration holds at least one explorer's usable result
+    (``_meta.modes_completed``, `ftl.states.explore.aggregate`): the partial data FTL
+    ERROR_PATTERN's timeout route plans with."""
+    if not isinstance(run.exploration, dict):
+        return False
+    meta = run.exploration.get("_meta")
+    return isinstance(meta, dict) and bool(meta.get("modes_completed"))

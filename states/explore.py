@@ -2,8 +2,11 @@
 
 Quorum: `ftl.models.quorum_met` (distinct modes with an ``ok`` or ``partial`` result;
 ``explorer_quorum`` of them, default 3 of 4, or both structure and delta). Outcomes: quorum met
--> PLAN (with ``PARTIAL_FAILURE`` naming missing modes); quorum not met but explorers timed out with some results -> ``timeout`` (ERROR routes to PLAN with the
-partial data); otherwise -> ``quorum_failure`` (ERROR returns the partial results).
+-> PLAN (with ``PARTIAL_FAILURE`` naming missing modes); quorum not met but explorers timed
+out with some results -> ``timeout`` (ERROR routes to PLAN with the partial data); otherwise ->
+``quorum_failure`` (ERROR returns the partial results). The explorers are chosen by a MangleCP
+evaluation under the recovery protocol (`ftl.engine.runner.Run.select_tools`: a transient
+failure is retried once); if it still fails, nothing was explored and ERROR returns the summary.
 
 Aggregation (FTL ERROR_HANDLING ``aggregation_failed``: "retry aggregation, then ERROR"): every
 explorer result must match its schema (`ftl.models.ExplorerResult`, its requested mode, and the
@@ -39,7 +42,7 @@ JOIN_GRACE_S = 5.0
 
 def enter(run: Run) -> Next:
     facts = run.facts() + [fact("explorer_mode", mode) for mode in MODES]
-    selected = run.tools.select(INTENT, facts)
+    selected = run.select_tools(INTENT, facts)
     modes = [mode for mode in MODES if f"explore_{mode}" in selected]
     stop = threading.Event()
     results: dict[str, dict[str, Any]] = {}

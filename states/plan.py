@@ -31,19 +31,16 @@ def enter(run: Run) -> Next:
     facts = run.facts()
     if run.plan_input is not None:
         facts.append(fact("plan_given"))
-    selected = run.tools.select(INTENT, facts)
+    selected = run.select_tools(INTENT, facts)
     if "load_plan" in selected:
         tool, args = "load_plan", {"plan": run.plan_input}
-    elif "claude_planner" in selected or "agent_planner" in selected:
-        # Earlier questions travel inside the exploration (``_questions``) to the next round.
-        tool = "claude_planner" if "claude_planner" in selected else "agent_planner"
-        args = {"objective": run.objective, "exploration": run.exploration}
     else:
-        raise FtlError("dependency_missing",
-                       {"name": "a plan (--plan FILE), planner_command or planner = \"claude\" "
-                                "in ftl.toml"})
+        # Earlier questions travel inside the exploration (``_questions``) to the next round.
+        tool = planner_tool(selected)
+        args = {"objective": run.objective, "exploration": run.exploration}
 
-    result = run.recovery.run(lambda attempt: _plan_once(run, facts, tool, args), tool=tool, state="PLAN")
+    result = run.recovery.run(lambda attempt: ask_planner(run, facts, tool, args), tool=tool,
+                              state="PLAN")
     decision = str(result.get("decision", "UNKNOWN")).upper()
     cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
             if result.get(key) is not None}  # a Claude planner's spend (issue 12)
@@ -64,17 +61,44 @@ def enter(run: Run) -> Next:
     return _clarify(run, questions + list(result.get("questions") or []))
 
 
-def _plan_once(run: Run, facts: list, tool: str, args: dict[str, Any]) -> dict[str, Any]:
-    """One planner call. A planner that crashed or timed out without an answer is a failure
-    (emitted, classified, retried once if transient), not a clarification round."""
+def planner_tool(selected: dict[str, Any]) -> str:
+    """The planner macro-tool the server selected for a planning intent: ``claude_planner``
+    (``planner = "claude"``; the rules prefer it) or ``agent_planner`` (``planner_command``).
+    PLAN and CASCADE's re-plan choose the same way.
+
+    Raises:
+        FtlError(dependency_missing): neither is selected (no planner is configured).
+    """
+    for tool in ("claude_planner", "agent_planner"):
+        if tool in selected:
+            return tool
+    raise FtlError("dependency_missing",
+                   {"name": "a plan (--plan FILE), planner_command or planner = \"claude\" "
+                            "in ftl.toml"})
+
+
+def ask_planner(run: Run, facts: list, tool: str, args: dict[str, Any], *,
+                intent: str = INTENT, state: str = "PLAN") -> dict[str, Any]:
+    """One planner call (``intent`` ``plan_campaign``, or ``replan_campaign`` from CASCADE).
+
+    A Claude planner is an agent start: it waits at the shared rate gate, its cost counts
+    towards the spend limit, and a rate limit it meets closes the gate. A planner that crashed
+    or timed out without an answer is a failure (emitted, classified, retried once if
+    transient by the caller's recovery protocol), not a clarification round.
+
+    Returns:
+        the planner tool's result (``decision``, ``plan``?, ``questions``, cost keys, ...).
+    Raises:
+        FtlError: the failure, classified by `ftl.engine.recovery.classify_command`.
+    """
     if tool == "claude_planner":  # an agent start: the shared rate gate applies
-        run.agent_limits.gate.wait(run.cancel, emit=run.log.emit, state="PLAN")
-    result = run.tools.call(INTENT, facts, tool, args, state="PLAN", cancel=run.cancel)
+        run.agent_limits.gate.wait(run.cancel, emit=run.log.emit, state=state)
+    result = run.tools.call(intent, facts, tool, args, state=state, cancel=run.cancel)
     run.agent_limits.spend.add(result.get("total_cost_usd"))
     if result.get("error_type") == "rate_limited":
         reopens = result.get("reopens_at")
         run.agent_limits.gate.close(datetime.fromisoformat(reopens) if reopens else None,
-                                    emit=run.log.emit, state="PLAN",
+                                    emit=run.log.emit, state=state,
                                     limit_kind=result.get("limit_kind"), reason=result.get("reason"))
     if result.get("error_type"):  # a Claude planner run that failed (login, limit, stall...)
         error = classify_command({**result, "output": result.get("reason")}, what="plan")

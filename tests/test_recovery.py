@@ -489,3 +489,44 @@ def test_the_default_sleep_waits_on_the_operations_cancel(tmp_path: Path) -> Non
         assert run_cancel.waits == [0.5] and calls == [1]
     finally:
         log.close()
+
+
+# --------------------------------------------------------------------------- review 14 item 4
+
+@pytest.mark.parametrize("output", [
+    "error Your lockfile needs to be updated, but yarn was run with `--frozen-lockfile`.",
+    "ERR_PNPM_OUTDATED_LOCKFILE  Cannot install with \"frozen-lockfile\" because "
+    "pnpm-lock.yaml is not up to date with package.json",
+])
+def test_a_stale_package_lockfile_is_not_lock_contention(output: str) -> None:
+    error = classify_command(_failed(output), what="build", seq="001")
+    assert error.error_type == "task_failed" and not error.transient
+
+
+@pytest.mark.parametrize("output", [
+    # pytest: the assertion, its E line and the short summary all mention the message
+    ">       assert client.get('/x').status == 'ok', 'rate limited'\n"
+    "E       AssertionError: rate limited\n"
+    "FAILED tests/test_api.py::test_x - AssertionError: rate limited\n"
+    "=== 1 failed in 0.12s ===",
+    "E       assert 'rate limited' == 'ok'",
+])
+def test_an_assertion_about_a_rate_limit_is_not_a_rate_limit(output: str) -> None:
+    assert classify_command(_failed(output), what="verify", seq="001").error_type == "flaky_test"
+    assert classify_command(_failed(output), what="build", seq="001").error_type == "task_failed"
+
+
+def test_a_missing_module_wins_over_a_refused_connection() -> None:
+    output = ("WARNING: Retrying after connection broken: Connection refused\n"
+              "Traceback (most recent call last):\n  File \"app.py\", line 1, in <module>\n"
+              "ModuleNotFoundError: No module named 'redis'")
+    error = classify_command(_failed(output), what="build", seq="001")
+    assert error.error_type == "dependency_missing" and error.details["name"] == "ModuleNotFoundError"
+
+
+def test_transient_markers_are_read_in_the_last_lines_only() -> None:
+    early = "Connection refused (retrying)\n" + "".join(f"step {i} ok\n" for i in range(30))
+    assert classify_command(_failed(early + "make: *** [all] Error 2"),
+                            what="build").error_type == "task_failed"
+    assert classify_command(_failed("step 1 ok\n" * 30 + "curl: (7) Connection refused"),
+                            what="build").error_type == "network_error"

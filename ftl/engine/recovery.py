@@ -29,23 +29,41 @@ from ftl.errors import FtlError, retry_after_ms
 T = TypeVar("T")
 
 # Output text that marks a failure as transient, checked in order (FTL ERROR_HANDLING lists
-# timeouts, network errors, rate limits, lock contention and flaky tests as transient).
+# timeouts, network errors, rate limits, lock contention and flaky tests as transient). They are
+# looked for only where a command says why it stopped: its last `TRANSIENT_TAIL_LINES` lines,
+# leaving out lines that state an assertion (`_ASSERTION_LINE`), so a test that asserts on a
+# "rate limited" message is not retried as a transient failure.
 _TRANSIENT_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(?:HTTP(?:/[\d.]+)?\s+429|status(?: code)?[:= ]\s*429|429 too many requests"
                 r"|too many requests|rate[ _-]?limit(?:s|ed|ing)?)\b"), "rate_limited"),
+    # No bare "lockfile": yarn's and pnpm's "lockfile needs to be updated ... --frozen-lockfile"
+    # is a stale lock file in the repository, which no retry fixes.
     (re.compile(r"(?i)(database is locked|could not (obtain|acquire) (a )?lock|lock(ed)? by another"
-                r"|resource temporarily unavailable|\.lock\b.*exists|lockfile)"), "lock_contention"),
+                r"|resource temporarily unavailable|\.lock\b.*exists)"), "lock_contention"),
     (re.compile(r"(?i)(connection (refused|reset|aborted|timed out)|temporary failure in name "
                 r"resolution|network is unreachable|name or service not known|ECONNRESET|"
                 r"ETIMEDOUT|EAI_AGAIN|remote end closed connection|read timed out|"
                 r"service unavailable|\b50[234]\b (bad gateway|service unavailable|gateway))"),
      "network_error"),
 )
-# Output text that names a structural cause more precisely than "the task failed".
+TRANSIENT_TAIL_LINES = 10
+_ASSERTION_LINE = re.compile(r"AssertionError|\bassert\b")
+# Output text that names a structural cause more precisely than "the task failed"; checked
+# before the transient markers, over the whole output: a missing module is missing however the
+# log ends, even one that mentions a refused connection on the way.
 _STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named"
                 r"|No such file or directory)"), "dependency_missing"),
 )
+
+
+def _transient_text(output: str) -> str:
+    """The part of ``output`` transient markers are looked for in: its last
+    `TRANSIENT_TAIL_LINES` non-blank lines, without the lines that state an assertion."""
+    lines = [line for line in output.splitlines() if line.strip()][-TRANSIENT_TAIL_LINES:]
+    return "\n".join(line for line in lines if not _ASSERTION_LINE.search(line))
+
+
 def classify_command(result: dict[str, Any], *, what: str, seq: str | None = None) -> FtlError:
     """Turn a failed command result (builder or verifier output) into a registry error.
 
@@ -54,6 +72,12 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
             ``error_type`` / ``retry_after_ms`` reported by an agent.
         what: the step, for messages ("build", "verify").
         seq: the task, when there is one.
+
+    Order: the timeout flag; the agent's own ``error_type``; structural markers anywhere in
+    the output (``dependency_missing``); transient markers in the output's last lines, not in
+    assertion lines (`_transient_text`); then ``flaky_test`` for a verify, else ``task_failed``.
+    Builder and verifier results carry stdout and stderr interleaved (``output``), so the last
+    lines stand for "what the command said as it stopped".
 
     Returns:
         FtlError of a transient kind (timeout, rate_limited, lock_contention, network_error,
@@ -70,14 +94,15 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
     agent_kind = result.get("error_type")
     if agent_kind and agent_kind != "task_failed":  # a bare exit status is classified below
         return FtlError(str(agent_kind), details, retry_after_ms=result.get("retry_after_ms"))
-    for pattern, error_type in _TRANSIENT_MARKERS:
-        if pattern.search(output):
-            return FtlError(error_type, details, retry_after_ms=retry_after_ms(output))
     for pattern, error_type in _STRUCTURAL_MARKERS:
         found = pattern.search(output)
         if found:
             details["name"] = found.group(0)
             return FtlError(error_type, details)
+    said = _transient_text(output)
+    for pattern, error_type in _TRANSIENT_MARKERS:
+        if pattern.search(said):
+            return FtlError(error_type, details, retry_after_ms=retry_after_ms(output))
     if what == "verify":
         return FtlError("flaky_test", details)
     return FtlError("task_failed", details)

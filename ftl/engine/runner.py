@@ -175,6 +175,21 @@ class Run:
             data[REPLAN_MERGED] = True
         return data
 
+    def select_tools(self, intent: str, facts: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        """`ToolClient.select` under the recovery protocol (tool ``select:<intent>``): a
+        transient failure of the evaluation (``server_not_ready`` with its ``retry_after_ms``,
+        ``timeout``, ``network_error``) is emitted, classified and retried once like any tool
+        call (FTL ERROR_HANDLING), instead of going straight to ERROR.
+
+        Returns:
+            ``{tool_name: macro_tool_dict}`` as `ToolClient.select`.
+        Raises:
+            FtlError: the last failure once the policy gives up (already emitted and classified).
+        """
+        return self.recovery.run(lambda attempt: self.tools.select(intent, facts),
+                                 tool=f"select:{intent}", state=self.machine_state,
+                                 cancel=self.cancel)
+
     def facts(self) -> list[dict[str, Any]]:
         """Facts that describe the campaign to the tool server (MangleCP intent_request)."""
         from ftl.engine.tools import fact
@@ -397,6 +412,10 @@ class Runner:
                     run.current_plan = None
                 if campaign.get("error"):
                     run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
+                    # The state that failed decides the route (a timeout re-plans only from
+                    # EXPLORE); a record written before the origin was kept has None, which
+                    # routes that error to the summary.
+                    run.error_origin = campaign["error"].get("origin")
                 reset = self.store.reset_running(run.campaign_id)
                 _end_cut_attempts(run)
             except BaseException:  # not driving yet: close what _make_run opened
@@ -585,7 +604,7 @@ class Runner:
                 if entry.get("resumed"):
                     self._reap_orphans(run, state)
                 self.store.save_machine(run.campaign_id, state.value, run.tracked_json(),
-                                        error=_error_record(run.error))
+                                        error=_error_record(run.error, run.error_origin))
                 try:
                     step = HANDLERS[state](run)
                 except (KeyboardInterrupt, RunStopped):
@@ -744,10 +763,13 @@ def _digest(value: Any) -> str | None:
                                      default=str).encode()).hexdigest()
 
 
-def _error_record(error: FtlError | None) -> dict[str, Any] | None:
+def _error_record(error: FtlError | None, origin: str | None = None) -> dict[str, Any] | None:
+    """The pending error as stored with the machine: ``{error_type, details, origin}``, where
+    ``origin`` is the state that failed (ERROR's route depends on it; `Runner.resume` restores
+    it), or None when there is no pending error."""
     if error is None:
         return None
-    return {"error_type": error.error_type, "details": error.safe_details()}
+    return {"error_type": error.error_type, "details": error.safe_details(), "origin": origin}
 
 
 @contextlib.contextmanager

@@ -141,16 +141,21 @@ class MemoryStore:
         return "added" if added else f"{'merged' if failure else 'duplicate'}:{name}"
 
     def record(self, entry: dict[str, Any]) -> dict[str, Any]:
-        """Store an entry the runner extracted (no quality gate): like `add`, but an entry already
-        known (same name and type, or a similar trigger) of either type gets its sources united
-        and occurrences + 1. Returns the stored entry (`get` shape).
+        """Store an entry the runner extracted (no quality gate): an entry already known by the
+        same name and type gets its sources united and occurrences + 1 (a failure also keeps
+        the higher cost); otherwise it is added. Returns the stored entry (`get` shape).
+
+        Unlike `add` (FTL's rule for entries a person or agent writes), a similar trigger does
+        not merge: extracted names already say what failed (`ftl.server.tools.observer
+        .failure_name`), and triggers of unrelated failures can be over 85 % alike (the
+        headline of every verify failure differs only by its task number).
 
         Raises: FtlError(schema_invalid) naming a missing or malformed key.
         """
         columns, _ = self._columns(entry)
         entry_type = columns["type"]
-        _, name = self._store.add_memory_entry(columns, similar=self._repeats(columns["trigger"]),
-                                               merge=True, keep_higher_cost=entry_type == "failure")
+        _, name = self._store.add_memory_entry(columns, similar=None, merge=True,
+                                               keep_higher_cost=entry_type == "failure")
         return self.get(name, entry_type)
 
     def get(self, name: str, entry_type: str = "failure") -> dict[str, Any] | None:
@@ -364,7 +369,16 @@ class MemoryStore:
                 min_weight_product: float = scoring.MIN_WEIGHT_PRODUCT) -> list[dict[str, Any]]:
         """Entries reachable from ``name`` within ``max_hops`` edges whose product of relationship
         weights stays >= ``min_weight_product``: ``[{entry, hops, weight, via}]``, heaviest first
-        (FTL ``get_related_entries``, breadth first)."""
+        (FTL ``get_related_entries``).
+
+        Each entry is listed once, with its heaviest path (fewest hops on a tie): ``weight`` is
+        that path's product, ``hops`` its length and ``via`` the relationship of its last edge.
+        Paths never pass through an entry twice, so the start is never related to itself and a
+        cycle cannot raise a weight (``solves`` weighs 1.5, and ``solves`` followed by its
+        inverse weighs more than the direct edge). A path goes on from an entry only when no
+        path walked before reached it at least as heavy in as few hops, which keeps the walk
+        small on densely linked memories (a campaign's failures all co_occur).
+        """
         weights = weights or scoring.RELATIONSHIP_WEIGHTS
         entry_type = "failure" if entry_type == "failure" else "pattern"
         names = self._store.memory_names(entry_type)
@@ -374,28 +388,30 @@ class MemoryStore:
         edges: dict[int, list[tuple[int, str]]] = {}
         for from_id, to_id, rel_type in self._store.memory_edges():
             edges.setdefault(from_id, []).append((to_id, rel_type))
-        visited = {start: 1.0}
-        level = [(start, 1.0)]
-        hops: list[tuple[int, int, float, str]] = []  # (entry id, hops, weight, via)
-        for hop in range(1, max_hops + 1):
-            following = []
-            for node, weight in level:
-                for target, rel_type in edges.get(node, []):
-                    product = weight * weights.get(rel_type, 0.8)
-                    if product < min_weight_product or target not in names:
-                        continue
-                    if target not in visited or visited[target] < product:
-                        visited[target] = product
-                        following.append((target, product))
-                        hops.append((target, hop, round(product, 3), rel_type))
-            level = following
-            if not level:
-                break
-        entries = self._store.memory_entries_by_id(entry_type, ids={h[0] for h in hops}) if hops else {}
+        best: dict[int, tuple[float, int, str]] = {}  # entry id -> (weight, hops, via)
+        arrivals: dict[int, list[tuple[float, int]]] = {}  # entry id -> (weight, hops) walked on
+        stack: list[tuple[int, float, int, frozenset[int]]] = [(start, 1.0, 0, frozenset({start}))]
+        while stack:
+            node, weight, hops, path = stack.pop()
+            if hops >= max_hops:
+                continue
+            for target, rel_type in edges.get(node, []):
+                product = weight * weights.get(rel_type, 0.8)
+                if target in path or target not in names or product < min_weight_product:
+                    continue
+                reached = arrivals.setdefault(target, [])
+                if any(w >= product and h <= hops + 1 for w, h in reached):
+                    continue  # an earlier path got here at least as heavy in as few hops
+                reached.append((product, hops + 1))
+                known = best.get(target)
+                if known is None or (product, -(hops + 1)) > (known[0], -known[1]):
+                    best[target] = (product, hops + 1, rel_type)
+                stack.append((target, product, hops + 1, path | {target}))
+        entries = self._store.memory_entries_by_id(entry_type, ids=set(best)) if best else {}
         # An entry deleted by another process since `memory_names` is left out.
-        found = [{"entry": dict(entries[target]), "hops": hop, "weight": weight, "via": via}
-                 for target, hop, weight, via in hops if target in entries]
-        found.sort(key=lambda item: (-item["weight"], item["hops"]))
+        found = [{"entry": dict(entries[target]), "hops": hops, "weight": round(weight, 3),
+                  "via": via} for target, (weight, hops, via) in best.items() if target in entries]
+        found.sort(key=lambda item: (-item["weight"], item["hops"], item["entry"]["name"]))
         return found
 
     def add_cross_relationship(self, failure: str, pattern: str, rel_type: str = "solves") -> str:

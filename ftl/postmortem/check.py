@@ -148,6 +148,7 @@ class Checker:
         self.route_target: str | None = None  # state the route promised to go to
         self.error_entries = 0
         self.error_origin: str | None = None
+        self.explored = False  # an explorer returned a usable (ok / partial) result
         self.returned = False
         self.ended = False
         self._set_flow("campaign")
@@ -164,6 +165,7 @@ class Checker:
             ev.CASCADE_MERGE_FAILED: self.on_cascade_merge_failed,
             ev.LOG_REPAIRED: self.on_log_repaired, ev.RESUME: self.on_resume,
             ev.TASK_COMMIT: self.on_task_commit, ev.TASK_INTEGRATED: self.on_task_integrated,
+            ev.EXPLORER_RESULT: self.on_explorer_result,
         }
         self.actions = ev.ACTION_EVENTS
         self.file = ""
@@ -505,8 +507,8 @@ class Checker:
         allowed = {expected}
         if self.error_entries > _MAX_ERROR_ENTRIES:
             allowed.add(Route.SUMMARY.value)
-        if expected == Route.PLAN.value and self.error_origin not in ("EXPLORE", None):
-            allowed.add(Route.SUMMARY.value)
+        if expected == Route.PLAN.value and (self.error_origin != "EXPLORE" or not self.explored):
+            allowed.add(Route.SUMMARY.value)  # no partial exploration to plan with
         if expected == Route.CASCADE.value and self.flow == "task":
             allowed.add(Route.OBSERVE.value)
         if route not in allowed:
@@ -516,6 +518,10 @@ class Checker:
                                                f"entered with {self.error['error_type']}")
         self.route_target = _ROUTE_TARGETS.get(str(route))
         self.error = None
+
+    def on_explorer_result(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
+        if e.get("status") in ("ok", "partial"):
+            self.explored = True
 
     def on_return(self, e: dict[str, Any], seq: int | None, ts: str | None) -> None:
         self.returned = True

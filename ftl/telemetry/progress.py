@@ -95,19 +95,44 @@ class PlainProgress:
 
 
 class RichProgress:
-    """A live table of tasks (rich) with the current state and the last notable event."""
+    """A live table of tasks (rich) with the current state and the last notable event.
 
-    def __init__(self) -> None:
+    Events only update counters and a few rows under a lock (O(1) per event, whatever the
+    number of tasks), so the scheduler's threads that emit them are never held up by drawing;
+    the table is built by rich's `Live` on its own refresh (``get_renderable``,
+    ``refresh_per_second`` times a second). It shows at most ``max_rows`` tasks (all of them,
+    by seq, when there are that few; else the running ones, then the latest to end) and says
+    how many are hidden and in which status.
+
+    Args:
+        console: where to draw (default: a stderr `rich.console.Console`).
+        max_rows: tasks shown at most.
+        refresh_per_second: redraws per second.
+    """
+
+    MAX_ROWS = 40
+    _COLOURS = {"running": "yellow", "complete": "green", "blocked": "red", "cancelled": "magenta"}
+    _COUNT_ORDER = ("running", "pending", "complete", "blocked", "cancelled")
+
+    def __init__(self, console: Any = None, *, max_rows: int = MAX_ROWS,
+                 refresh_per_second: float = 4) -> None:
+        from collections import Counter, deque
+
         from rich.console import Console
         from rich.live import Live
 
-        self.console = Console(stderr=True)
+        self.console = console or Console(stderr=True)
+        self.max_rows = max_rows
         self.tasks: dict[str, dict[str, Any]] = {}
+        self.counts: Counter[str] = Counter()  # tasks by status
+        self.running: set[str] = set()
+        self.ended: deque[str] = deque(maxlen=max_rows)  # seqs, latest end last
         self.state = "-"
         self.last = ""
         self.paused_until: str | None = None  # "HH:MM" while the agents' rate gate is closed
         self._lock = threading.Lock()
-        self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
+        self.live = Live(console=self.console, refresh_per_second=refresh_per_second,
+                         transient=False, get_renderable=self._render)
 
     def __enter__(self) -> "RichProgress":
         self.live.__enter__()
@@ -116,41 +141,88 @@ class RichProgress:
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(*exc)
 
+    def _set(self, seq: str, **fields: Any) -> None:
+        """Update task ``seq``'s row, keeping the status counts (lock held)."""
+        row = self.tasks.get(seq)
+        if row is None:
+            row = self.tasks[seq] = {"status": "pending"}
+            self.counts["pending"] += 1
+        before = row.get("status", "pending")
+        row.update(fields)
+        after = row.get("status", "pending")
+        if after != before:
+            self.counts[before] -= 1
+            self.counts[after] += 1
+        if after == "running":
+            self.running.add(seq)
+        else:
+            self.running.discard(seq)
+        if after in ("complete", "blocked", "cancelled") and after != before:
+            if seq in self.ended:
+                self.ended.remove(seq)
+            self.ended.append(seq)
+
+    def _rows(self) -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        """The rows to draw and how many tasks are hidden (lock held)."""
+        if len(self.tasks) <= self.max_rows:
+            return sorted(self.tasks.items(), key=lambda item: _seq_key(item[0])), 0
+        chosen = sorted(self.running, key=_seq_key)[:self.max_rows]
+        for seq in reversed(self.ended):
+            if len(chosen) >= self.max_rows:
+                break
+            if seq not in chosen:
+                chosen.append(seq)
+        return [(seq, dict(self.tasks[seq])) for seq in chosen], len(self.tasks) - len(chosen)
+
     def _render(self) -> Any:
         from rich.table import Table
 
-        title = f"ftl — {self.state}" + (f" — paused until {self.paused_until}"
-                                          if self.paused_until else "")
-        table = Table(title=title, caption=self.last or None, expand=False)
+        with self._lock:
+            rows, hidden = self._rows()
+            order = {status: i for i, status in enumerate(self._COUNT_ORDER)}
+            counts = {status: n for status, n in sorted(
+                self.counts.items(), key=lambda item: (order.get(item[0], len(order)), item[0]))
+                if n > 0}
+            title = f"ftl — {self.state}" + (f" — paused until {self.paused_until}"
+                                              if self.paused_until else "")
+            last = self.last
+        caption = last
+        if hidden:
+            summary = ", ".join(f"{n} {status}" for status, n in counts.items())
+            caption = f"{hidden} more task(s) not shown ({summary})" + (f"\n{last}" if last else "")
+        table = Table(title=title, caption=caption or None, expand=False)
         for column in ("task", "status", "worker", "attempt"):
             table.add_column(column)
-        colours = {"running": "yellow", "complete": "green", "blocked": "red", "cancelled": "magenta"}
-        for seq in sorted(self.tasks, key=lambda s: int(s) if s.isdigit() else 0):
-            row = self.tasks[seq]
+        for seq, row in rows:
             status = row.get("status", "pending")
-            table.add_row(seq, f"[{colours.get(status, 'white')}]{status}[/]", str(row.get("worker") or ""),
-                          str(row.get("attempt") or ""))
+            table.add_row(seq, f"[{self._COLOURS.get(status, 'white')}]{status}[/]",
+                          str(row.get("worker") or ""), str(row.get("attempt") or ""))
         return table
 
     def __call__(self, event: dict[str, Any]) -> None:
+        line = describe(event)
         with self._lock:
             name = event.get("event")
             if name == "STATE_ENTRY":
                 self.state = event.get("state") or "-"
             elif name == "PLAN_REGISTERED":
                 for seq in event.get("seqs") or []:
-                    self.tasks.setdefault(seq, {"status": "pending"})
+                    if seq not in self.tasks:
+                        self._set(seq)
             elif name == "TASK_START":
-                self.tasks[event["task_seq"]] = {"status": "running", "worker": event.get("worker"),
-                                                 "attempt": event.get("attempt")}
+                self._set(event["task_seq"], status="running", worker=event.get("worker"),
+                          attempt=event.get("attempt"))
             elif name == "TASK_END":
-                self.tasks.setdefault(event["task_seq"], {})["status"] = event.get("status")
+                self._set(event["task_seq"], status=event.get("status") or "ended")
             elif name == "RATE_GATE":
                 self.paused_until = _clock(event.get("reopens_at")) if event.get("closed") else None
             elif name == "CASCADE_PROPAGATE":
                 for item in event.get("propagated") or []:
-                    self.tasks.setdefault(item["seq"], {})["status"] = "blocked"
-            line = describe(event)
+                    self._set(item["seq"], status="blocked")
             if line and name not in ("STATE_ENTRY", "TASK_START", "TASK_END"):
                 self.last = line
-            self.live.update(self._render())
+
+
+def _seq_key(seq: str) -> tuple[int, str]:
+    """Order of task seqs: numeric ones by number, others after them by text."""
+    return (int(seq), "") if seq.isdigit() else (1 << 62, seq)

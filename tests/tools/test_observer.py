@@ -40,7 +40,7 @@ def test_observer_extracts_failures_and_patterns(tmp_path, ctx_for, observed):
     result = observer(ObserveArgs(campaign_id=cid), ctx_for(tmp_path))
     assert result["workspaces"] == {"complete": 3, "blocked": 3}
     failures = {f["name"]: f for f in result["failures_extracted"]}
-    assert set(failures) == {"fix--verify-failed-task-verify-command-failed",
+    assert set(failures) == {"fix--verify-failed-assertionerror",
                              "net--timeout-build-did-not-finish-within"}
     assert all(f["result"] == "added" for f in failures.values())
     patterns = {p["name"]: p for p in result["patterns_extracted"]}
@@ -51,8 +51,8 @@ def test_observer_extracts_failures_and_patterns(tmp_path, ctx_for, observed):
                                    "breakdown": {"blocked_then_fixed": 3}}}
 
     memory = {m["name"]: m for m in MemoryStore(store).entries(limit=100)}
-    fixed = memory["fix--verify-failed-task-verify-command-failed"]
-    assert fixed["trigger"] == "verify_failed: Task 003's verify command failed (exit 1)."
+    fixed = memory["fix--verify-failed-assertionerror"]
+    assert fixed["trigger"] == "AssertionError: 41 != 42"  # the output's error, not the headline
     assert fixed["fix"] == "off-by-one fixed in fix.py"
     assert fixed["source"] == [f"{cid}/003-fix/1"] and fixed["campaign_id"] == cid
     assert memory["net--timeout-build-did-not-finish-within"]["fix"] == ""
@@ -78,7 +78,7 @@ def test_same_failure_in_another_campaign_merges(tmp_path, ctx_for, observed):
     result = observer(ObserveArgs(campaign_id=cid2), ctx_for(tmp_path))
     assert result["failures_extracted"] == [{"name": "net--timeout-build-did-not-finish-within",
                                              "trigger": "timeout: build did not finish within 120 s.",
-                                             "result": "merged"}]
+                                             "result": "merged:net--timeout-build-did-not-finish-within"}]
     entry = next(m for m in MemoryStore(store2).entries("failure") if m["name"].startswith("net--"))
     assert entry["occurrences"] == 2 and entry["source"] == [f"{cid}/004-net/1", f"{cid2}/001-net/1"]
     store2.close()

@@ -23,10 +23,11 @@ from ftl.server.tools.context import ToolContext
 __all__ = ["CascadeArgs", "cascade_analysis", "analyze_tasks", "looks_transient", "task_durations"]
 
 # Block reasons that name a cause worth one more attempt later (FTL transient classes:
-# timeouts, network errors, rate limits, lock contention).
+# timeouts, network errors, rate limits, lock contention). Not "lockfile": a package manager's
+# stale lock file (yarn / pnpm --frozen-lockfile) needs a change, not another attempt.
 _TRANSIENT_RE = re.compile(
     r"time[ds]?[ _-]?out|timed out|network|connection (?:refused|reset|aborted)|unreachable host|"
-    r"rate[ _-]?limit|too many requests|\b429\b|\block(?:ed by|_contention| contention|file)?\b|"
+    r"rate[ _-]?limit|too many requests|\b429\b|\block(?:ed by|_contention| contention)?\b|"
     r"database is locked|temporar(?:y|ily)|unavailable|try again", re.IGNORECASE)
 _DEFAULT_SECONDS_PER_BUDGET = Config.model_fields["seconds_per_budget"].default
 

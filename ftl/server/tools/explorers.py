@@ -22,6 +22,7 @@ import json
 import logging
 import os
 import re
+import stat
 import threading
 import time
 import tomllib
@@ -106,9 +107,22 @@ def _is_venv(path: Path) -> bool:
     return (path / "pyvenv.cfg").exists()
 
 
+def _inside(root: str, path: Path) -> bool:
+    """Whether ``path``, its symbolic links followed, is inside ``root`` (a `os.path.realpath`):
+    a link out of the repository (``creds.py -> ../outside/creds.py``) is not the repository's
+    to read."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        return False
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
 def _iter_files(repo: Path, limits: _Limits) -> Iterator[Path]:
-    """Repository files (relative paths) in sorted order, skipping `SKIP_DIRS`, virtualenvs and
-    ``*.egg-info``; stops early when `limits` say so."""
+    """Repository files (relative paths) in sorted order, skipping `SKIP_DIRS`, virtualenvs,
+    ``*.egg-info`` and symbolic links that lead out of the repository (`_inside`; os.walk does
+    not enter linked directories); stops early when `limits` say so."""
+    root_real = os.path.realpath(repo)
     for root, dirs, names in os.walk(repo):
         if limits.stop():
             return
@@ -118,18 +132,40 @@ def _iter_files(repo: Path, limits: _Limits) -> Iterator[Path]:
         for name in sorted(names):
             if limits.stop():
                 return
+            full = Path(root, name)
+            if os.path.islink(full) and not _inside(root_real, full):
+                continue
             yield base / name
 
 
-def _read_text(path: Path, limit_bytes: int = 512 * 1024) -> str | None:
-    """A file's text (UTF-8, replacement on errors), or None if unreadable, binary or too big."""
+READ_LIMIT_BYTES = 512 * 1024  # larger files are not read (generated code, data, lock files)
+
+
+def _read_text(repo: Path, path: Path | str, limit_bytes: int = READ_LIMIT_BYTES) -> str | None:
+    """The text of ``path`` (relative to ``repo``, or under it), UTF-8 with replacement, or None
+    when it is not a regular file inside the repository (`_inside`: no link out of it, no FIFO,
+    device or directory), is larger than ``limit_bytes``, looks binary (a NUL in its first
+    8 KiB) or cannot be read.
+
+    The file is opened without blocking (a FIFO would wait for a writer) and checked on the
+    open descriptor (``fstat``), so what is measured is what is read.
+    """
+    full = repo / path
+    if not _inside(os.path.realpath(repo), full):
+        return None
     try:
-        if not path.is_file() or path.stat().st_size > limit_bytes:  # no FIFOs or devices
-            return None
-        data = path.read_bytes()
+        fd = os.open(full, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError:
         return None
-    if b"\0" in data[:8192]:
+    try:
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > limit_bytes:
+                return None
+            data = handle.read(limit_bytes + 1)
+    except OSError:
+        return None
+    if len(data) > limit_bytes or b"\0" in data[:8192]:
         return None
     return data.decode("utf-8", errors="replace")
 
@@ -209,9 +245,10 @@ def _test_pattern(test_files: list[Path]) -> str | None:
 
 
 def _pyproject(repo: Path) -> dict[str, Any]:
+    """``pyproject.toml`` parsed, or {} (absent, unreadable by `_read_text`, or not TOML)."""
     try:
-        return tomllib.loads((repo / "pyproject.toml").read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError, UnicodeDecodeError):
+        return tomllib.loads(_read_text(repo, "pyproject.toml") or "")
+    except (tomllib.TOMLDecodeError, RecursionError):
         return {}
 
 
@@ -229,7 +266,8 @@ def _script_entry_points(repo: Path, pyproject: dict[str, Any]) -> list[str]:
         for base in ("", "src/"):
             for candidate in (f"{base}{module}.py", f"{base}{module}/__main__.py",
                               f"{base}{module}/__init__.py"):
-                if (repo / candidate).is_file():
+                path = repo / candidate
+                if path.is_file() and _inside(os.path.realpath(repo), path):
                     found.append(candidate)
                     break
             else:
@@ -275,9 +313,10 @@ def explore_structure(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
                 config_files.append(path.as_posix())
         directories = {name: False for name in WELL_KNOWN_DIRS}
         try:
+            root_real = os.path.realpath(repo)
             for entry in sorted(repo.iterdir()):
                 if entry.is_dir() and entry.name not in SKIP_DIRS and not _is_venv(entry) \
-                        and not entry.name.endswith(".egg-info"):
+                        and not entry.name.endswith(".egg-info") and _inside(root_real, entry):
                     directories[entry.name] = True
         except OSError:
             pass
@@ -389,7 +428,10 @@ def _canonical(name: str) -> str:
 
 def declared_packages(repo: Path, pyproject: dict[str, Any] | None = None) -> set[str]:
     """Normalised distribution names the project depends on, from pyproject.toml (PEP 621,
-    optional dependencies, dependency groups, Poetry), setup.cfg and requirements*.txt."""
+    optional dependencies, dependency groups, Poetry), setup.cfg and requirements*.txt.
+
+    Every file is read through `_read_text` (regular files inside the repository, at most
+    `READ_LIMIT_BYTES`); one it refuses, or cannot parse, declares nothing."""
     pyproject = _pyproject(repo) if pyproject is None else pyproject
     specs: list[str] = []
     project = pyproject.get("project", {})
@@ -406,20 +448,21 @@ def declared_packages(repo: Path, pyproject: dict[str, Any] | None = None) -> se
             specs += [k for k in (group.get("dependencies", {}) or {}) if isinstance(k, str)]
     cfg = configparser.ConfigParser()
     try:
-        cfg.read(repo / "setup.cfg", encoding="utf-8")
+        cfg.read_string(_read_text(repo, "setup.cfg") or "", source="setup.cfg")
         for option in ("install_requires", "tests_require"):
             if cfg.has_option("options", option):
                 specs += cfg.get("options", option).splitlines()
         if cfg.has_section("options.extras_require"):
             for _, value in cfg.items("options.extras_require"):
                 specs += value.splitlines()
-    except (configparser.Error, UnicodeDecodeError):
+    except configparser.Error:
         pass
-    for req in sorted(repo.glob("requirements*.txt")):
-        try:
-            specs += req.read_text(encoding="utf-8", errors="replace").splitlines()
-        except OSError:
-            continue
+    try:
+        requirements = sorted(repo.glob("requirements*.txt"))
+    except OSError:
+        requirements = []
+    for req in requirements:
+        specs += (_read_text(repo, req.name) or "").splitlines()
     names = set()
     for spec in specs:
         match = _REQ_NAME_RE.match(spec)
@@ -436,7 +479,7 @@ def _readme(repo: Path) -> str:
     for entry in entries:
         if entry.is_file() and entry.name.lower() in ("readme.md", "readme.markdown", "readme.rst",
                                                       "readme.txt", "readme"):
-            return _read_text(entry) or ""
+            return _read_text(repo, entry.name) or ""
     return ""
 
 
@@ -466,7 +509,9 @@ def parse_readme_idioms(text: str) -> dict[str, Any] | None:
     The section runs from a heading containing "framework idioms" (any level, any case) to the
     next heading of the same or a higher level. Its bullet and numbered items are idioms: an item
     is forbidden when it, or the sub-heading or label line above it, says forbidden / avoid /
-    never / don't / must not (or carries ✗ ❌); otherwise it is required.
+    never / don't / must not (or carries ✗ ❌); otherwise it is required. A label line is a line
+    outside the list that ends in ":" (emphasis aside: ``**Avoid:**``); other prose, such as
+    "Builders must always follow these; never skip them.", switches nothing.
 
     Returns:
         ``{"required": [str], "forbidden": [str], "text": section text}``, or None when the README
@@ -491,10 +536,11 @@ def parse_readme_idioms(text: str) -> dict[str, Any] | None:
             bullet = _BULLET_RE.match(line)
             if i in sub_heads or (not bullet and line.strip()):
                 label = line.strip()
-                if _FORBID_WORDS.search(label):
-                    mode = "forbidden"
-                elif _REQUIRE_WORDS.search(label):
-                    mode = "required"
+                if i in sub_heads or label.rstrip("*_ ").endswith(":"):
+                    if _FORBID_WORDS.search(label):
+                        mode = "forbidden"
+                    elif _REQUIRE_WORDS.search(label):
+                        mode = "required"
                 continue
             if not bullet:
                 continue
@@ -565,12 +611,18 @@ def detect_frameworks(py_sources: dict[str, str], declared: set[str],
 
 
 def _style(py_sources: dict[str, str]) -> dict[str, Any]:
-    """Type-hint and docstring habits of the code (FTL pattern ``style``)."""
+    """Type-hint and docstring habits of the code (FTL pattern ``style``).
+
+    A file that cannot be parsed is left out of the ratios, whatever the reason: a syntax error,
+    a NUL byte (ValueError), or nesting deeper than the parser's stack (RecursionError, e.g. a
+    generated ``x = 1+1+...`` of 100 KB; MemoryError likewise), so one odd file never fails the
+    whole pattern explorer.
+    """
     functions = hinted = documented = definitions = 0
     for source in py_sources.values():
         try:
             tree = ast.parse(source)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
             continue
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -599,14 +651,14 @@ def _test_runner(repo: Path, pyproject: dict[str, Any], declared: set[str],
     pytest_config = ("pytest" in pyproject.get("tool", {}) or (repo / "pytest.ini").exists()
                      or (repo / "conftest.py").exists() or any(name in declared for name in ("pytest",)))
     for cfg_name, section in (("setup.cfg", "[tool:pytest]"), ("tox.ini", "[pytest]")):
-        text = _read_text(repo / cfg_name) or ""
+        text = _read_text(repo, cfg_name) or ""
         pytest_config = pytest_config or section in text
     if py_sources and (pytest_config or "pytest" in imports
                        or any(p.endswith("conftest.py") for p in py_sources)):
         return "pytest", "python -m pytest"
     if py_sources and "unittest" in imports:
         return "unittest", "python -m unittest"
-    package = _read_text(repo / "package.json")
+    package = _read_text(repo, "package.json")
     if package:
         try:
             data = json.loads(package)
@@ -646,7 +698,7 @@ def explore_pattern(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
         py_sources: dict[str, str] = {}
         for path in _iter_files(repo, limits):
             if path.suffix == ".py":
-                text = _read_text(repo / path)
+                text = _read_text(repo, path)
                 if text is not None:
                     py_sources[path.as_posix()] = text
         frameworks = detect_frameworks(py_sources, declared, readme_idioms)
@@ -863,7 +915,7 @@ def explore_delta(args: ExploreArgs, ctx: ToolContext) -> dict[str, Any]:
             if not terms and not is_changed:
                 continue
             scanned += 1
-            text = _read_text(repo / path) if path.suffix in CODE_EXTENSIONS else None
+            text = _read_text(repo, path) if path.suffix in CODE_EXTENSIONS else None
             found = score_candidate(terms, rel, text, is_changed)
             if found:
                 candidates.append(found)

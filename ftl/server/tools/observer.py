@@ -3,7 +3,9 @@
 OBSERVE calls it once per campaign. It reads the campaign's task rows and workspace attempts from
 the store, extracts failure patterns from blocked attempts and success patterns from completed
 tasks, and writes them with `ftl.memory.MemoryStore.record` (which merges an entry seen before
-by its ``(name, type)`` or a similar trigger). Then it closes FTL's learning loop: for every
+only by its exact ``(name, type)``: the block reasons of different tasks share their headline
+wording, "verify_failed: Task 001's verify command failed (exit 1).", so a similarity rule
+merged every verify failure into the first one). Then it closes FTL's learning loop: for every
 completed attempt whose builder reported ``utilized`` memory entries, each entry injected into
 that attempt's prior knowledge counts as helped (utilized) or not
 (`ftl.memory.MemoryStore.feedback_batch`, once per attempt), which moves its importance. Rules
@@ -23,7 +25,8 @@ from ftl.errors import FtlError
 from ftl.server.tools.context import ToolContext
 
 __all__ = ["ObserveArgs", "observer", "extract_failures", "extract_patterns", "failure_name",
-           "score_pattern", "MIN_PATTERN_SCORE", "record_feedback", "utilized_of", "injected_of"]
+           "failure_trigger", "score_pattern", "MIN_PATTERN_SCORE", "record_feedback",
+           "utilized_of", "injected_of"]
 
 MIN_PATTERN_SCORE = 3  # FTL MIN_PATTERN_SCORE
 SCORE_BLOCKED_THEN_FIXED = 3
@@ -48,6 +51,44 @@ def _first_line(text: Any) -> str:
     return ""
 
 
+# A line of command output that says what went wrong: an exception or error name, or the
+# words compilers, shells, package managers and test runners use for it.
+_ERROR_LINE = re.compile(r"[A-Za-z_][\w.]*(?:Error|Exception|Failure)\b|\b(?:error|errors|failed|"
+                         r"failure|fatal|panic|not found|no such|denied|refused|cannot|can't|"
+                         r"unable|missing|invalid|undefined|unexpected|expected)\b", re.I)
+# Lines that frame the output rather than say anything: decoration rules, pytest's section
+# headers, a traceback's header and its frames.
+_NOISE_LINE = re.compile(r"^(?:[=_\-*#~. ]{3,}.*[=_\-*#~]{3,}|[=_\-*#~]{3,}|Traceback \(most recent"
+                         r" call last\):|File \".*\", line \d+.*)$")
+_PYTEST_E = re.compile(r"^E\s+")
+
+
+def _meaningful_lines(text: str) -> list[str]:
+    """Non-blank lines of ``text`` (stripped, pytest's ``E`` gutter removed) that carry words:
+    at least three letters, not decoration or traceback framing (`_NOISE_LINE`)."""
+    found = []
+    for raw in str(text or "").splitlines():
+        line = _PYTEST_E.sub("", raw.strip())
+        if len(re.findall(r"[A-Za-z]", line)) >= 3 and not _NOISE_LINE.match(line):
+            found.append(line[:_TEXT_LIMIT])
+    return found
+
+
+def failure_trigger(reason: Any) -> str:
+    """What a blocked attempt failed on, from its block reason ``"<error_type>: <message>"``
+    followed by the command's output tail (``states/build.py`` ``_block``): the first line of
+    the tail naming an error (`_ERROR_LINE`), else its first meaningful line, else the reason's
+    headline when there is no tail.
+
+    ``failure_trigger("verify_failed: Task 003's verify command failed (exit 1).\\n"
+    "E   AssertionError: 41 != 42")`` -> ``"AssertionError: 41 != 42"``.
+    """
+    headline = _first_line(reason)
+    lines = str(reason or "").strip().splitlines()
+    tail = _meaningful_lines("\n".join(lines[1:]))
+    return next((line for line in tail if _ERROR_LINE.search(line)), tail[0] if tail else headline)
+
+
 def _slugify(text: str, words: int = _NAME_WORDS) -> str:
     """Letters-only kebab words: numbers, paths' digits and punctuation are dropped, so the same
     failure in another run or campaign normalises to the same name."""
@@ -56,12 +97,22 @@ def _slugify(text: str, words: int = _NAME_WORDS) -> str:
 
 
 def failure_name(slug: str, reason: str) -> str:
-    """Memory name of a failure: ``<task slug>--<first line of the reason, normalised>``.
+    """Memory name of a failure: ``<task slug>--<words of what it failed on>``: the reason's
+    error type and its `failure_trigger` when the reason carries output, else the reason's
+    headline; normalised by `_slugify`, so the same failure in another run or campaign gets
+    the same name, and different failures of one task get different ones.
 
     ``failure_name("add-login", "verify_failed: Task 003's verify command failed (exit 1).")``
-    -> ``"add-login--verify-failed-task-verify-command-failed"``.
+    -> ``"add-login--verify-failed-task-verify-command-failed"``;
+    ``failure_name("add-login", "verify_failed: ...\\nE   ImportError: cannot import name 'x'")``
+    -> ``"add-login--verify-failed-importerror-cannot-import-name"``.
     """
-    normalised = _slugify(_first_line(reason))
+    headline = _first_line(reason)
+    trigger = failure_trigger(reason)
+    if trigger != headline:
+        kind, sep, _ = headline.partition(":")
+        trigger = f"{kind} {trigger}" if sep and re.fullmatch(r"[a-z_]+", kind) else trigger
+    normalised = _slugify(trigger)
     return f"{slug}--{normalised}" if normalised else f"{slug}--blocked"
 
 
@@ -87,9 +138,9 @@ def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
     """Failure memory entries from a campaign's blocked attempts; pure.
 
     Each blocked workspace attempt (except cancels) gives ``{name: failure_name(slug, reason),
-    type: "failure", trigger: first line of the reason, fix: what a later complete attempt of the
-    same task delivered (else ""), source: [qualified workspace ids, see `_source`], campaign_id,
-    seq, error_type}``;
+    type: "failure", trigger: failure_trigger(reason) (the error line of the output, else the
+    reason's headline), fix: what a later complete attempt of the same task delivered (else ""),
+    source: [qualified workspace ids, see `_source`], campaign_id, seq, error_type}``;
     attempts with the same name merge their sources. A task blocked with no workspace and no
     ``blocked_by`` (it failed before a builder ran) counts too, from its ``block_reason``; tasks
     blocked only by propagation (``blocked_by`` set) teach nothing new and are skipped.
@@ -105,7 +156,7 @@ def extract_failures(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
         name = failure_name(slugs.get(seq, f"task-{seq}"), reason)
         entry = entries.setdefault(name, {
             "name": name, "type": "failure",
-            "trigger": _first_line(reason) or f"task {seq} blocked",
+            "trigger": failure_trigger(reason) or f"task {seq} blocked",
             "fix": fix, "cost": budgets.get(seq, 5) * FAILURE_COST_PER_BUDGET, "source": [],
             "campaign_id": campaign_id, "seq": seq, "error_type": error_type})
         if source not in entry["source"]:
@@ -199,13 +250,14 @@ def extract_patterns(tasks: list[dict[str, Any]], workspaces: list[dict[str, Any
 
 def _store_entry(memory: Any, entry: dict[str, Any], known: dict[tuple[str, str], dict]) -> str:
     """Write ``entry`` unless memory already holds it with all its sources (a re-run of OBSERVE
-    must not count the same attempts twice). Returns added | merged | unchanged."""
+    must not count the same attempts twice). Returns ``added``, ``merged:<stored name>`` (FTL's
+    form; the entry of the same name and type got its sources) or ``unchanged``."""
     existing = known.get((entry["name"], entry["type"]))
     if existing is not None and set(entry["source"]) <= set(existing.get("source") or []):
         return "unchanged"
     stored = memory.record(entry)
     known[(entry["name"], entry["type"])] = stored
-    return "added" if existing is None else "merged"
+    return "added" if existing is None else f"merged:{stored['name']}"
 
 
 def utilized_of(workspace: dict[str, Any]) -> list[dict[str, Any]]:
@@ -255,7 +307,7 @@ def observer(args: ObserveArgs, ctx: ToolContext) -> dict[str, Any]:
     """Extract failure and success patterns of one campaign into memory (FTL OBSERVE).
 
     Returns:
-        ``{"failures_extracted": [{name, trigger, result: added | merged | unchanged}],
+        ``{"failures_extracted": [{name, trigger, result: added | merged:<name> | unchanged}],
         "patterns_extracted": [{name, score, breakdown, result}],
         "feedback_recorded": {"helped": n, "not_helped": m}, "relationships_added": k (co_occurs
         links between this campaign's failures, FTL's rule),
