@@ -270,6 +270,7 @@ def test_every_error_type_takes_its_route(tmp_path: Path, error_type: str) -> No
     run = runner._make_run(campaign, Tracked(), None, None)
     run.error = FtlError(error_type, {"violations": [{"path": "$.x", "message": "m"}], "questions": ["q?"]})
     run.error_origin = "EXPLORE"
+    run.exploration = {"_meta": {"modes_completed": ["structure"]}}  # partial data: timeout -> PLAN
     run.machine_state = "ERROR"
     step = error_state.enter(run)
     route = REGISTRY[error_type].route
