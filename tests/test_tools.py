@@ -153,3 +153,23 @@ def test_one_selection_serves_every_task_of_a_kind(tmp_path: Path, log: EventLog
             ("task", ["007", "BUILD"])]
     finally:
         client.close()
+
+
+def test_a_gate_decision_is_logged_when_the_allowed_tool_then_fails(tmp_path: Path, log: EventLog):
+    from ftl.server.app import connect
+
+    gates = {"governance": {"rules": [{"match": {"tool": "run_verify"}, "action": "forward"}]}}
+    client = connect(tmp_path, Config(gates=gates), in_process=True)
+    try:
+        tools = ToolClient(client, log)
+        facts = [fact("campaign_state", "execute"), fact("task", "001", "VERIFY")]
+        with pytest.raises(FtlError) as failed:  # past the gates, refused by the tool itself
+            tools.call("verify_task", facts, "run_verify",
+                       {"command": "true", "timeout_s": 30, "workdir": "../elsewhere"}, seq="001")
+        assert failed.value.error_type == "workspace_invalid"
+        tools.call("verify_task", facts, "run_verify", {"command": "true", "timeout_s": 30}, seq="002")
+    finally:
+        client.close()
+    decisions = [e for e in read_events(log.path) if e["event"] == "GATE_DECISION"]
+    assert [(e["task_seq"], e["outcome"], e["gates"].get("governance")) for e in decisions] == [
+        ("001", "forward", "forward"), ("002", "forward", "forward")]

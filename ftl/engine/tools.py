@@ -112,7 +112,9 @@ class ToolClient:
 
         A gate decision the server reports is logged as ``GATE_DECISION`` (``tool``,
         ``outcome``, ``gates``; for a refusal also ``denied_by`` and ``reason``, the refusal's
-        error kind) before the result or the refusal is handed on (issue 15 item 4).
+        error kind) before the result or the refusal is handed on (issue 15 item 4), also when
+        the gates let the call through and the tool then failed (the error's
+        ``x-gate_decision`` detail).
 
         Raises:
             FtlError(tool_not_exposed): the server did not select ``tool`` for these facts.
@@ -146,11 +148,16 @@ class ToolClient:
                 if reused and not fresh and error.details.get("manglecp_code") in _REEVALUATE_CODES:
                     continue  # the server no longer knows the reused macro-tool: select again
                 gate = error.details.get("gate") or error.kind.gate
+                passed = error.details.get("x-gate_decision")
                 if gate in GATE_ORDER and error.kind.gate is not None:
                     outcome = "timeout" if error.error_type == "approval_timeout" else "deny"
                     self.log.emit(ev.GATE_DECISION, state=state, tool=tool, task_seq=seq,
                                   outcome=outcome, gates={gate: outcome}, denied_by=gate,
                                   reason=error.error_type)
+                elif isinstance(passed, dict) and isinstance(passed.get("gates"), dict):
+                    # the gates let the call through and the tool then failed: still a decision
+                    self.log.emit(ev.GATE_DECISION, state=state, tool=tool, task_seq=seq,
+                                  outcome=passed.get("outcome"), gates=passed["gates"])
                 raise
             decision = _field(response, "x-gate_decision")
             if isinstance(decision, dict) and isinstance(decision.get("gates"), dict):

@@ -133,7 +133,7 @@ class ManglecpServer:
         self._lock = threading.Lock()
         self._confirm = ConfirmationTokens(secret or os.urandom(32), self.limits.confirmation_ttl_s,
                                            self.clock)
-        self._validators: dict[str, Any] = {}  # tool name -> schema validator, built on first invoke
+        self._validators: dict[tuple[str, str], Any] = {}  # (tool, "input"|"output") -> validator, built on first use
         self.skills = dict(skills or {})
         self.gate = gate
         self.on_error = on_error
@@ -421,15 +421,17 @@ class ManglecpServer:
             log.exception("gate decision for %s could not be rendered", tool.name)
             return None
 
-    def _validator(self, tool: ToolDefinition) -> Any:
-        """The JSON Schema (2020-12) validator of ``tool``'s input schema, built once. jsonschema
-        loads here, at the first invocation, not at server start (boot time, issue 11 item 2)."""
-        validator = self._validators.get(tool.name)
+    def _validator(self, tool: ToolDefinition, schema: str = "input") -> Any:
+        """The JSON Schema (2020-12) validator of ``tool``'s ``input`` or ``output`` schema, built
+        once. jsonschema loads here, at the first invocation, not at server start (boot time,
+        issue 11 item 2)."""
+        validator = self._validators.get((tool.name, schema))
         if validator is None:
             import jsonschema
 
-            validator = jsonschema.Draft202012Validator(dict(tool.input_schema))
-            self._validators[tool.name] = validator
+            validator = jsonschema.Draft202012Validator(
+                dict(tool.input_schema if schema == "input" else tool.output_schema))
+            self._validators[(tool.name, schema)] = validator
         return validator
 
     # -- intent evaluation (spec 05) ---------------------------------------------------------
@@ -681,8 +683,13 @@ class ManglecpServer:
             if reason is not None:
                 raise ProtocolError("confirmation_invalid", f"The confirmation token is not valid: {reason}.",
                                     {"tool": tool.name, "macro_id": request.macro_id})
-        return self._execute(request_id, tool, request, principal, session, sink, macro.bound,
-                             gate_decision)
+        try:
+            return self._execute(request_id, tool, request, principal, session, sink, macro.bound,
+                                 gate_decision)
+        except ProtocolError as error:
+            if gate_decision is not None:  # the gates let it through; the tool then failed
+                error.details = {**(error.details or {}), "x-gate_decision": gate_decision}
+            raise
 
     def _execute(self, request_id: str, tool: ToolDefinition, request: InvokeRequest,
                  principal: Principal, session: Session,
@@ -759,9 +766,7 @@ class ManglecpServer:
                                 f"{tool.name} returned an invalid result (correlation id {correlation_id}).",
                                 {"correlation_id": correlation_id})
         if tool.output_schema is not None:
-            import jsonschema
-
-            problems = list(jsonschema.Draft202012Validator(dict(tool.output_schema)).iter_errors(result))
+            problems = list(self._validator(tool, "output").iter_errors(result))
             if problems:
                 log.error("tool %s result breaks its output schema (correlation id %s): %s",
                           tool.name, correlation_id, problems[0].message)
