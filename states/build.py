@@ -169,16 +169,18 @@ def _attempt(run: Run, seq: str, cancel: threading.Event, started: float,
 
 def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any], facts: list,
                       cancel: threading.Event, built: dict[str, Any] | None, *,
-                      exclude: list[str], tree: Any = None,
-                      round_: int = 1) -> TaskOutcome | tuple[dict[str, Any], dict[str, Any]]:
+                      exclude: list[str], tree: Any = None, round_: int = 1,
+                      spent: dict[str, Any] | None = None
+                      ) -> TaskOutcome | tuple[dict[str, Any], dict[str, Any]]:
     """Build (unless ``built`` holds a finished build's result), check the file scope, record
     the workspace as ``built``, verify. ``tree``: the task's worktree (its staged diff against
-    its base is the scope that counts). Returns ``(build result, verify result)``, or the
-    task's outcome when it blocked or was cancelled."""
+    its base is the scope that counts). ``spent``: the agent cost of this attempt's earlier
+    round (a merge conflict's re-run), counted into this round's. Returns ``(build result,
+    verify result)``, or the task's outcome when it blocked or was cancelled."""
     seq = task.seq
     build_result: dict[str, Any] = dict(built or {})
     builder = _builder_for(run, task)
-    claude = _ClaudeTries(run, seq, cancel) if builder == "claude_builder" else None
+    claude = _ClaudeTries(run, seq, cancel, spent) if builder == "claude_builder" else None
     if built is None:
         build_spec = spec
         checkpoint: Path | None = None
@@ -314,10 +316,11 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
         run.store.record_workspace(run.campaign_id, {**spec, "status": "active"},
                                    built=None if built is None else {**built, "reused_build": True})
         recorded.append(workspace)
+    spent: dict[str, Any] | None = None  # round 1's agent cost, carried into round 2's
     for round_ in (1, 2):
         if commit is None:
             outcome = _build_and_verify(run, task, workspace, spec, facts, cancel, built,
-                                        exclude=[], tree=tree, round_=round_)
+                                        exclude=[], tree=tree, round_=round_, spent=spent)
             if isinstance(outcome, TaskOutcome):
                 return outcome
             build_result, verify = outcome
@@ -336,6 +339,7 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
             # Round 2 on the new head, in the folder the task holds (MERGE_CONFLICT named the
             # first commit).
             tree = trees.renew(tree) if tree is not None else trees.prepare(name)
+            spent = {key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
             built, commit = None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
     raise AssertionError("unreachable: the second round returns or blocks")
@@ -548,11 +552,17 @@ class _ClaudeTries:
     (``--resume``).
     """
 
-    def __init__(self, run: Run, seq: str, cancel: threading.Event) -> None:
+    def __init__(self, run: Run, seq: str, cancel: threading.Event,
+                 spent: dict[str, Any] | None = None) -> None:
+        """``spent``: the attempt's cost so far (an earlier round's; already in the run's spend)."""
         self.run, self.seq, self.cancel = run, seq, cancel
         self.resume: str | None = None
-        self.cost: dict[str, Any] = {"total_cost_usd": 0.0, "num_turns": 0, "duration_api_ms": 0,
-                                     "usage": {}, "session_id": None}
+        spent = spent or {}
+        self.cost: dict[str, Any] = {
+            "total_cost_usd": float(spent.get("total_cost_usd") or 0.0),
+            "num_turns": int(spent.get("num_turns") or 0),
+            "duration_api_ms": int(spent.get("duration_api_ms") or 0),
+            "usage": dict(spent.get("usage") or {}), "session_id": spent.get("session_id")}
 
     def build(self, facts: list, spec: dict[str, Any], exclude: list[str]) -> dict[str, Any]:
         run, limits = self.run, self.run.agent_limits

@@ -96,7 +96,7 @@ def _campaign(tmp_path: Path, tasks: list[dict], scenarios: dict, toml: str = ""
         f'builder = "claude"\njobs = {jobs}\nretry_backoff_min_s = 0.05\n{toml}\n'
         f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n{claude_toml}\n")
     plan = {"objective": "stand-in campaign", "tasks": [
-        {"seq": t["seq"], "slug": t["slug"], "creates": [f"app/{t['slug']}.py"], "budget": 1,
+        {"seq": t["seq"], "slug": t["slug"], "creates": t.get("creates", [f"app/{t['slug']}.py"]), "budget": 1,
          "verify": t.get("verify", f"test -f app/{t['slug']}.py"), "depends": "none"}
         for t in tasks]}
     (tmp_path / "plan.json").write_text(json.dumps(plan))
@@ -194,3 +194,20 @@ def test_a_build_that_fails_its_verify_keeps_its_cost(tmp_path: Path) -> None:
     end = next(e for e in _events(repo) if e["event"] == "TASK_END")
     assert task["status"] == "blocked" and end["total_cost_usd"] > 0
     assert task["cost_usd"] == end["total_cost_usd"]
+
+
+def test_a_build_re_run_after_a_merge_conflict_keeps_both_rounds_cost(tmp_path: Path) -> None:
+    # Two agents write the same new file at once: the second to integrate conflicts and is built
+    # again on the new head. Both builds were paid for; the task's cost is their sum.
+    tasks = [{"seq": seq, "slug": f"mod-{seq}", "creates": ["app/shared.py"],
+              "verify": "test -f app/shared.py"} for seq in ("001", "002")]
+    code, repo, runs = _campaign(tmp_path, tasks, {}, jobs=2)
+    assert code == 0
+    log = _events(repo)
+    (conflict,) = [e for e in log if e["event"] == "MERGE_CONFLICT"]
+    seq = conflict["task_seq"]
+    assert sorted(r["slug"] for r in runs) == sorted(["mod-001", "mod-002", f"mod-{seq}"])
+    end = next(e for e in log if e["event"] == "TASK_END" and e["task_seq"] == seq)
+    one_run = round(0.01 + 0.0025 * int(seq), 4)  # the stand-in's price of one success
+    assert end["status"] == "complete"
+    assert end["total_cost_usd"] == round(2 * one_run, 6) and end["num_turns"] == 6
