@@ -47,9 +47,12 @@ def enter(run: Run) -> Next:
     run.log.emit(ev.PLAN_DECISION, decision=decision, tool=tool,
                  questions=result.get("questions") or [], **cost)
 
-    if decision == "PROCEED" and isinstance(result.get("plan"), dict):
+    # A go-ahead whose plan does not parse as one (``plan_attempt``) is an invalid plan: the
+    # next round is told why, as for a plan that fails validation.
+    candidate = result.get("plan") if isinstance(result.get("plan"), dict) else result.get("plan_attempt")
+    if decision == "PROCEED" and isinstance(candidate, dict):
         try:
-            plan = parse_plan(result["plan"], source=tool)
+            plan = parse_plan(candidate, source=tool)
         except FtlError as error:
             if tool == "load_plan":
                 raise

@@ -403,3 +403,25 @@ def test_rich_progress_builds_no_table_per_event_and_caps_its_rows() -> None:
     assert ("4995 more task(s) not shown (1 running, 1999 pending, 2999 complete, 1 blocked)"
             in " ".join(text.split()))
     assert view.counts == {"complete": 2999, "blocked": 1, "pending": 1999, "running": 1}
+
+
+def test_a_go_ahead_with_a_malformed_plan_tells_the_next_round_why(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".gitignore").write_text(".ftl/\n")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "i"]):
+        subprocess.run(["git", *args], cwd=repo, check=True)
+    fake = Path(__file__).resolve().parent / "tools" / "fake_agent.py"
+    config = Config(explorer_timeout_s=30, max_clarifications=1,
+                    planner_command=[sys.executable, str(fake), "plan-malformed"])
+    result = Runner(repo, config, client_factory=connect_in_process).start("write a.py")
+    assert result.exit_code == 4
+    events = list(read_events(result.log_path))
+    invalid = [e for e in events if e["event"] == "PLAN_VALIDATION_FAILED"]
+    assert invalid and any("tasks" in v["path"] for v in invalid[0]["errors"])
+    exhausted = next(e for e in events if e["event"] == "TOOL_FAILURE" and e["error_type"] == "clarify_exhausted")
+    assert any(q.startswith("The plan was invalid") for q in exhausted["details"]["questions"])
+    assert replay([result.log_path]).violations == []

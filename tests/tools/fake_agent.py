@@ -3,7 +3,7 @@
 Usage: ``python fake_agent.py MODE``; the workspace (or planning input) JSON arrives on stdin.
 Modes (builder): complete, blocked, garbage, rate-limit-json, rate-limit-exit, complete-exit-1,
 out-of-scope, chatty (a JSON-looking log line, then the result), echo-env.
-Modes (planner): plan-markdown, plan-json, clarify, echo-input.
+Modes (planner): plan-markdown, plan-malformed, plan-json, clarify, echo-input.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def main() -> int:
             {"seq": "001", "slug": "first", "delta": ["a.py"], "verify": "true"}]}
         print("### Confidence: PROCEED\n\nPlan below.\n\n```json\n" + json.dumps(plan, indent=2)
               + "\n```\n\n001 -> done\n")
+        return 0
+    if mode == "plan-malformed":  # a go-ahead whose plan is not one
+        print("Confidence: PROCEED\n\n```json\n" + json.dumps({"objective": data["objective"],
+                                                              "tasks": "none yet"}) + "\n```\n")
         return 0
     if mode == "plan-json":
         print(json.dumps({"objective": data["objective"], "tasks": []}))
