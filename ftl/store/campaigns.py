@@ -140,7 +140,8 @@ class CampaignsMixin:
         """Persist the machine's current state, tracked variables (clarify_count,
         iteration_count, prior_ready_count, replan_count, ...) and pending error in one write
         (FTL kept them only in the model's context, §8.3 item 1). ``tracked`` and ``error``
-        (``{error_type, details, origin}``: origin is the state that failed; or None) replace the previous values.
+        (``{error_type, details, origin}``, origin the state that failed; or None) replace the
+        previous values.
 
         Raises: FtlError(not_found); FtlError(schema_invalid) when either is not a JSON object.
         """
