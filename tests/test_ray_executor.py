@@ -1,5 +1,7 @@
-"""Task attempts on a real local Ray cluster (issue 14): a head and a second node on 127.0.0.1,
-started with `ray start`, each with its own resources; ftl runs as the CLI a user types.
+"""Task attempts on a real local Ray cluster (issue 14): a head and a second node on this
+machine, each with its own resources, started with Ray's own test helper
+(`ray.cluster_utils.Cluster`: the processes `ray start` runs, stopped in a second where
+``ray stop`` waits seconds for each group of them); ftl runs as the CLI a user types.
 
 What is shown: a 20-task campaign spreads over both nodes, completes and replays clean; a Ray
 worker killed mid-task is ``worker_lost``, retried, and the task completes with its commit
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,39 +25,23 @@ import pytest
 pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 
 BIN = Path(sys.executable).parent
-RAY = str(BIN / "ray")
 FTL = str(BIN / "ftl")
 CPUS_PER_NODE = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _ray(*args: str, timeout: float = 120) -> None:
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    subprocess.run([RAY, *args], check=True, timeout=timeout, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @pytest.fixture(scope="module")
 def cluster() -> str:
     """A head node and a second node, 2 CPUs each; yields the head's address."""
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    _ray("start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-         f"--num-cpus={CPUS_PER_NODE}", '--resources={"ftl_head": 1}',
-         "--include-dashboard=false", "--disable-usage-stats")
+    from ray.cluster_utils import Cluster
+
+    nodes = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": CPUS_PER_NODE, "resources": {"ftl_head": 1}, "include_dashboard": False})
     try:
-        _ray("start", f"--address={address}", "--node-ip-address=127.0.0.1",
-             f"--num-cpus={CPUS_PER_NODE}", '--resources={"ftl_second": 1}',
-             "--disable-usage-stats")
-        yield address
+        nodes.add_node(num_cpus=CPUS_PER_NODE, resources={"ftl_second": 1})
+        nodes.wait_for_nodes()
+        yield nodes.address
     finally:
-        subprocess.run([RAY, "stop", "--force"], timeout=120, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        nodes.shutdown()
 
 
 def _repo(tmp_path: Path) -> Path:

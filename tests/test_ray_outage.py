@@ -7,8 +7,10 @@ once the head has refused for ``lost_after_s`` the run cancels its tasks (pendin
 blocked), ends ``stopped`` with exit code 75, and `ftl campaign resume` on a new cluster
 completes every task exactly once.
 
-Its own single-node cluster (this module runs after test_ray_executor.py, whose cluster is
-stopped by then): stopping a cluster stops every Ray process on the machine.
+Its own single-node clusters, from Ray's own test helper (`ray.cluster_utils.Cluster`): the
+outage kills the head's processes with SIGKILL, raylet first, as ``ray stop --force`` does, but
+only this cluster's (``ray stop`` stops every Ray process on the machine, and waits seconds
+for each group of them).
 """
 
 from __future__ import annotations
@@ -22,20 +24,23 @@ import pytest
 
 pytest.importorskip("ray", reason="needs the ray extra: pip install -e '.[ray]'")
 
-from test_ray_executor import (FTL, RAY, _events, _free_port, _integrated_once, _plan,  # noqa: E402
-                               _ray, _replay_holds, _repo, _task, _wait_for)
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from test_ray_executor import (FTL, _events, _integrated_once, _plan, _replay_holds,  # noqa: E402
+                               _repo, _task, _wait_for)
 
 
-def _start_head() -> str:
-    port = _free_port()
-    _ray("start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
-         "--include-dashboard=false", "--disable-usage-stats")
-    return f"127.0.0.1:{port}"
+def _start_cluster() -> Cluster:
+    """A single node (the head) with 2 CPUs."""
+    return Cluster(initialize_head=True, head_node_args={"num_cpus": 2,
+                                                         "include_dashboard": False})
 
 
-def _stop_all() -> None:
-    subprocess.run([RAY, "stop", "--force"], timeout=120, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL)
+def _lose(cluster: Cluster) -> None:
+    """The whole cluster goes (SIGKILL, raylet first): its head refuses connections after."""
+    if cluster.head_node is not None:
+        cluster.remove_node(cluster.head_node, allow_graceful=False)
+    cluster.shutdown()
 
 
 def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tmp_path: Path) -> None:
@@ -47,8 +52,8 @@ def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tm
     plan = _plan(tmp_path / "plan.json", tasks)
     config = tmp_path / "ftl.toml"  # a 1 s verdict instead of 15 s keeps the test short
     config.write_text("[executor]\nlost_after_s = 1\n")
-    address = _start_head()
-    stopped = False  # `ray stop` takes seconds even with nothing to stop: once is enough
+    cluster = _start_cluster()
+    address = cluster.address
     try:
         proc = subprocess.Popen([FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
                                  "--jobs", "2", "--executor", "ray", "--ray-address", address,
@@ -57,8 +62,8 @@ def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tm
         try:
             _wait_for(lambda: {e["task_seq"] for e in _events(repo) if e["event"] == "TASK_PLACED"}
                       >= {"001", "002"}, 120, "both tasks placed on the cluster")
-            _stop_all()
-            stopped, stopped_at = True, time.monotonic()
+            _lose(cluster)
+            stopped_at = time.monotonic()
             out, err = proc.communicate(timeout=120)
         finally:
             if proc.poll() is None:
@@ -77,9 +82,9 @@ def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tm
         assert [(e["outcome"], e["resumable"], e["exit_code"]) for e in end] == [("stopped", True, 75)]
         ended = {e["task_seq"]: e["status"] for e in events if e["event"] == "TASK_END"}
         assert ended == {"001": "cancelled", "002": "cancelled"}, ended
-        # Nothing blocked. `ray stop` ends the node before the head, so a first lost worker can
-        # still meet a head that answers (a task's own loss: retried once); the attempt that
-        # meets a refusing head waits for the verdict and ends cancelled.
+        # Nothing blocked. The loss ends the raylet before the head's GCS, so a first lost
+        # worker can still meet a head that answers (a task's own loss: retried once); the
+        # attempt that meets a refusing head waits for the verdict and ends cancelled.
         failures = [e for e in events if e["event"] == "TOOL_FAILURE"]
         last = {e["task_seq"]: e["error_type"] for e in failures}
         assert last == {"001": "cancelled", "002": "cancelled"}, failures
@@ -90,17 +95,16 @@ def test_a_lost_cluster_stops_the_run_resumably_and_a_new_cluster_finishes_it(tm
         rows = {t["seq"]: t["status"] for t in json.loads(status.stdout)["data"]["tasks"]}
         assert rows == {"001": "pending", "002": "pending", "003": "pending"}, rows
     finally:
-        if not stopped:
-            _stop_all()
+        _lose(cluster)  # already lost, unless the test failed before
 
     go.write_text("")
-    address = _start_head()
+    cluster = _start_cluster()
     try:
         resumed = subprocess.run([FTL, "campaign", "resume", "--repo", str(repo), "--executor", "ray",
-                                  "--ray-address", address], capture_output=True, text=True,
-                                 timeout=240)
+                                  "--ray-address", cluster.address], capture_output=True,
+                                 text=True, timeout=240)
     finally:
-        _stop_all()
+        _lose(cluster)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     _integrated_once(repo, ["001", "002", "003"])
     _replay_holds(repo)
