@@ -207,3 +207,14 @@ def test_a_run_without_a_result_counts_each_reply_once_and_the_result_overrides(
                             "num_turns": 5, "usage": {"input_tokens": 99, "output_tokens": 7}}))
     reader.feed(json.dumps({"type": "assistant", "message": {"id": "m3", "usage": usage}}))
     assert reader.summary.num_turns == 5 and reader.summary.usage["input_tokens"] == 99
+
+
+def test_a_denied_call_s_secret_is_scrubbed_before_the_input_is_cut() -> None:
+    reader = StreamReader()
+    pem = ("-----BEGIN RSA PRIVATE KEY-----\n" + "MIIEpAIBAAKCAQEA" * 40 + "\n-----END RSA PRIVATE KEY-----\n")
+    reader.feed(json.dumps({"type": "result", "subtype": "success", "is_error": False, "result": "",
+                            "permission_denials": [{"tool_name": "Write", "tool_use_id": "w1", "tool_input": {
+                                "file_path": "/home/alice/secret/key.pem", "content": pem}}]}))
+    (denial,) = reader.summary.permission_denials
+    assert "MIIEpAIB" not in denial["input"] and "/home/alice" not in denial["input"]
+    assert len(denial["input"].encode()) <= 200

@@ -115,3 +115,15 @@ def test_score_pattern_rules():
         4, {"blocked_then_fixed": 3, "multi_file": 1})
     # A second attempt with no blocked workspace (e.g. a resume after a crash) is not "clean".
     assert score_pattern({"spec": {"delta": ["a.py"]}, "attempts": 2}, []) == (0, {})
+
+
+def test_a_failure_trigger_from_command_output_carries_no_secret_and_no_absolute_path() -> None:
+    from ftl.server.tools.observer import failure_trigger
+
+    reason = ("verify_failed: Task 003's verify command failed (exit 1).\n"
+              "E   requests.exceptions.HTTPError: 401 for url https://api.x.com/?api_key=ghp_"
+              + "a" * 36 + "\n")
+    trigger = failure_trigger(reason)
+    assert trigger.startswith("requests.exceptions.HTTPError: 401") and "ghp_" + "a" * 36 not in trigger
+    path = failure_trigger("task_failed: run failed\nFileNotFoundError: '/home/alice/work/data.csv'\n")
+    assert path.startswith("FileNotFoundError") and "/home/alice" not in path

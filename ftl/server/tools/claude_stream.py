@@ -170,8 +170,8 @@ class StreamSummary:
             error result), newest last, at most 20.
         permission_denials: tool calls Claude Code's permission settings refused, from the
             result's ``permission_denials`` and ``system/permission_denied`` events, each
-            ``{"tool", "input"}`` (the call's input as JSON, cut to 200 characters, scrubbed of
-            secrets), at most `DENIALS_KEPT`, in the order seen.
+            ``{"tool", "input"}`` (the call's input as JSON, scrubbed of secrets and absolute
+            paths, then cut to 200 bytes), at most `DENIALS_KEPT`, in the order seen.
         denials_seen: how many denials there were in all (more than the list may hold).
 
     A run that ends without a result (killed, timed out) reports no cost; its ``usage`` and
@@ -295,14 +295,15 @@ class StreamReader:
         summary.denials_seen += 1
         if len(summary.permission_denials) >= DENIALS_KEPT:
             return
-        from ftl.sanitize import scrub
+        from ftl.sanitize import sanitize_text, truncate_utf8
 
         try:
             shown = json.dumps(tool_input, sort_keys=True, default=str)
         except (TypeError, ValueError, RecursionError):
             shown = ""
+        # scrubbed whole, then cut: a secret cut first (a PEM block's end) would no longer match
         summary.permission_denials.append({"tool": str(tool)[:100] if tool else "?",
-                                           "input": scrub(shown[:200])})
+                                           "input": truncate_utf8(sanitize_text(shown), 200)})
 
     def _result(self, event: dict[str, Any]) -> None:
         summary = self.summary

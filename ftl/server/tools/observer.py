@@ -78,13 +78,19 @@ def failure_trigger(reason: Any) -> str:
     """What a blocked attempt failed on, from its block reason ``"<error_type>: <message>"``
     followed by the command's output tail (``states/build.py`` ``_block``): the first line of
     the tail naming an error (`_ERROR_LINE`), else its first meaningful line, else the reason's
-    headline when there is no tail.
+    headline when there is no tail; secrets scrubbed and absolute paths cut
+    (`ftl.sanitize.sanitize_text`).
 
     ``failure_trigger("verify_failed: Task 003's verify command failed (exit 1).\\n"
     "E   AssertionError: 41 != 42")`` -> ``"AssertionError: 41 != 42"``.
     """
+    from ftl.sanitize import sanitize_text
+
+    # Command output goes into the shared memory store and later prompts: secrets scrubbed and
+    # absolute paths cut over the whole text first (a key can span lines), then a line chosen.
+    reason = sanitize_text(str(reason or ""), 256 * 1024)
     headline = _first_line(reason)
-    lines = str(reason or "").strip().splitlines()
+    lines = reason.strip().splitlines()
     tail = _meaningful_lines("\n".join(lines[1:]))
     return next((line for line in tail if _ERROR_LINE.search(line)), tail[0] if tail else headline)
 
