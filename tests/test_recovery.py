@@ -530,3 +530,15 @@ def test_transient_markers_are_read_in_the_last_lines_only() -> None:
                             what="build").error_type == "task_failed"
     assert classify_command(_failed("step 1 ok\n" * 30 + "curl: (7) Connection refused"),
                             what="build").error_type == "network_error"
+
+
+def test_an_early_missing_file_does_not_hide_the_network_error_a_command_stopped_on() -> None:
+    from ftl.engine.recovery import classify_command
+
+    log = "ls: cannot access 'build/': No such file or directory\n" + "Collecting x\n" * 20 + \
+        "pip._vendor.urllib3.exceptions.ReadTimeoutError: Read timed out.\n"
+    assert classify_command({"exit_code": 1, "output": log}, what="build").error_type == "network_error"
+    stopped = "Collecting x\n" * 20 + "cat: config.yml: No such file or directory\n"
+    assert classify_command({"exit_code": 1, "output": stopped}, what="build").error_type == "dependency_missing"
+    module = "ModuleNotFoundError: No module named 'x'\n" + "retrying\n" * 20 + "Connection refused\n"
+    assert classify_command({"exit_code": 1, "output": module}, what="build").error_type == "dependency_missing"

@@ -52,8 +52,13 @@ _ASSERTION_LINE = re.compile(r"AssertionError|\bassert\b")
 # before the transient markers, over the whole output: a missing module is missing however the
 # log ends, even one that mentions a refused connection on the way.
 _STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named"
-                r"|No such file or directory)"), "dependency_missing"),
+    (re.compile(r"(ModuleNotFoundError|ImportError|command not found|No module named)"),
+     "dependency_missing"),
+)
+# Too common to count anywhere (an early `ls` of a missing path in a long log): a missing file
+# is the cause only where the command stopped, and after the transient markers there.
+_TAIL_STRUCTURAL_MARKERS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r"No such file or directory"), "dependency_missing"),
 )
 
 
@@ -74,8 +79,9 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
         seq: the task, when there is one.
 
     Order: the timeout flag; the agent's own ``error_type``; structural markers anywhere in
-    the output (``dependency_missing``); transient markers in the output's last lines, not in
-    assertion lines (`_transient_text`); then ``flaky_test`` for a verify, else ``task_failed``.
+    the output (``dependency_missing``: a missing module or command); transient markers in the
+    output's last lines, not in assertion lines (`_transient_text`); a missing file there
+    (``dependency_missing``); then ``flaky_test`` for a verify, else ``task_failed``.
     Builder and verifier results carry stdout and stderr interleaved (``output``), so the last
     lines stand for "what the command said as it stopped".
 
@@ -103,6 +109,11 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
     for pattern, error_type in _TRANSIENT_MARKERS:
         if pattern.search(said):
             return FtlError(error_type, details, retry_after_ms=retry_after_ms(output))
+    for pattern, error_type in _TAIL_STRUCTURAL_MARKERS:
+        found = pattern.search(said)
+        if found:
+            details["name"] = found.group(0)
+            return FtlError(error_type, details)
     if what == "verify":
         return FtlError("flaky_test", details)
     return FtlError("task_failed", details)
