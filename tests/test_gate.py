@@ -556,7 +556,7 @@ def test_unknown_entity_type_fails_at_load(tmp_path: Path) -> None:
     assert [v["path"] for v in info.value.details["violations"]] == ["gates.policy.entities"]
 
 
-@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), -1])
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), -1, 1e10, 7 * 24 * 3600 + 1])
 def test_an_approval_wait_that_never_ends_is_refused_at_load(tmp_path: Path, timeout_s: float) -> None:
     with pytest.raises(FtlError) as info:
         keeper(tmp_path, {"governance": {"default": "approve"},

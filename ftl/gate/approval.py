@@ -116,6 +116,9 @@ class CommandApprover:
         except subprocess.TimeoutExpired:
             _kill_group(proc)
             return "timeout", "command"
+        except BaseException:  # the approver must not outlive the question (its own session)
+            _kill_group(proc)
+            raise
         tail = (out + err)[-OUTPUT_LOG_CHARS:]
         if proc.returncode == 0:
             log.info("approval %s approved by command: %s", request.request_id, tail.strip())

@@ -15,6 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ftl.errors import FtlError
 
 Action = Literal["forward", "deny", "approve", "policy"]
+# The longest approval wait, s: a week. Past about 1e9 s the waits themselves fail (a select or
+# lock timeout overflows), and a call left pending longer than a week is a misconfiguration.
+APPROVAL_TIMEOUT_MAX_S = 7 * 24 * 3600.0
 
 
 def _check_glob(pattern: str) -> str:
@@ -124,8 +127,8 @@ class ApprovalConfig(_Strict):
         None, min_length=1, description="argv; gets the call JSON on stdin; exit 0 approve, 1 reject.")
     file: str | None = Field(
         None, min_length=1, description="Decision file (JSON object: request_id -> approve|reject).")
-    timeout_s: float = Field(600.0, ge=0, allow_inf_nan=False,
-                             description="Wait for a decision, s (ThoughtGate: 10 m); finite.")
+    timeout_s: float = Field(600.0, ge=0, le=APPROVAL_TIMEOUT_MAX_S, allow_inf_nan=False,
+                             description="Wait for a decision, s (ThoughtGate: 10 m); at most a week.")
     on_timeout: Literal["deny", "approve"] = "deny"
     poll_s: float = Field(1.0, gt=0, description="Decision-file poll interval, s.")
 
