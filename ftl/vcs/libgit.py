@@ -75,23 +75,32 @@ def _open(path: Path) -> Any:
 
 
 def _supported(repo: Any) -> bool:
-    """Whether ``repo``'s configuration asks for nothing libgit2 lacks (module docstring).
-    libgit2 re-reads a configuration file that changed on disk before it lists the entries."""
+    """Whether ``repo``'s configuration asks for nothing libgit2 lacks (module docstring)."""
+    return _configuration(repo) is not None
+
+
+def _configuration(repo: Any) -> int | None:
+    """A digest of ``repo``'s configuration entries, or None when they ask for something
+    libgit2 lacks (module docstring). libgit2 re-reads a configuration file that changed on disk
+    before it lists the entries; a kept repository object does not re-read all of what it
+    derived from them (``core.excludesFile``), so a changed digest means opening it again."""
+    entries = []
     for entry in repo.config:
         name = entry.name.lower()
         if name.startswith("filter.") or (name in _UNSUPPORTED and entry.value not in (
                 "false", "0", "", None)):
-            return False
-    return True
+            return None
+        entries.append((name, entry.value))
+    return hash(tuple(entries))
 
 
 # Repositories kept for `status`, per thread (libgit2 objects must not be used by two threads at
 # once): str(path) -> (repository, identity, prefix of ``path`` in its work tree). Opening one
 # costs more than the status question on a small repository (0.15-0.3 ms against 0.05-0.1 ms,
 # twice per task in a shared checkout). Reuse is safe for this read-only question: libgit2
-# re-reads the index, the refs and the configuration files when they change on disk, and the
-# identity (the inodes of ``path``, the work tree's ``.git`` and the git directory) catches a
-# checkout removed and made again at the same place.
+# re-reads the index and the refs when they change on disk, and the identity (the inodes of
+# ``path``, the work tree's ``.git`` and the git directory, and the configuration's digest)
+# catches a checkout removed and made again at the same place and a changed configuration.
 _kept = threading.local()
 _KEPT_PER_THREAD = 8
 
@@ -111,7 +120,7 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
     if entry is not None:
         repo, identity, prefix = entry
         try:
-            if _identity(path, repo) == identity and _supported(repo):
+            if _identity(path, repo) + (_configuration(repo),) == identity:
                 kept[key] = entry  # the most recently used last
                 return repo, prefix
         except (pygit2.GitError, KeyError, ValueError, OSError):
@@ -121,8 +130,8 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
         return None
     try:
         prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
-        identity = _identity(path, repo)
-    except (OSError, ValueError):
+        identity = _identity(path, repo) + (_configuration(repo),)
+    except (pygit2.GitError, KeyError, ValueError, OSError):
         return None
     prefix = "" if prefix == "." else prefix + "/"
     kept[key] = (repo, identity, prefix)

@@ -294,6 +294,18 @@ def test_status_of_a_place_that_became_another_repositorys_worktree(tmp_path: Pa
     assert libgit.status(root) == cli_status(root) == {"b": " M"}
 
 
+def test_status_from_a_kept_repository_follows_a_new_excludes_file(tmp_path: Path) -> None:
+    """libgit2 reads ``core.excludesFile`` once per repository object: a kept one is opened
+    again when the configuration changes."""
+    root = tmp_path / "r"
+    make_repo(root)
+    (root / "h").write_text("new\n")
+    assert libgit.status(root) == {"h": "??"}
+    (tmp_path / "ign").write_text("h\n")
+    git(root, "config", "core.excludesFile", str(tmp_path / "ign"))
+    assert libgit.status(root) == cli_status(root) == {}
+
+
 def test_status_of_the_cases_by_name(tmp_path: Path) -> None:
     """The operations the differential test draws from, each once, with git's answer spelled out."""
     root = tmp_path / "r"
