@@ -425,3 +425,42 @@ def test_a_go_ahead_with_a_malformed_plan_tells_the_next_round_why(tmp_path: Pat
     exhausted = next(e for e in events if e["event"] == "TOOL_FAILURE" and e["error_type"] == "clarify_exhausted")
     assert any(q.startswith("The plan was invalid") for q in exhausted["details"]["questions"])
     assert replay([result.log_path]).violations == []
+
+
+def test_related_finds_the_heaviest_simple_path_to_each_entry_on_random_memories(tmp_path: Path) -> None:
+    """Against an exhaustive walk of every simple path (seeded random graphs, up to 4 hops): an
+    earlier, heavier arrival must not hide a path that needed a node the earlier one used."""
+    import random
+
+    from ftl.memory import scoring
+
+    types = sorted(scoring.RELATIONSHIP_WEIGHTS)
+    for seed in range(25):
+        rng = random.Random(seed)
+        names = [f"n{i}" for i in range(6)]
+        links = {(a, b, rng.choice(types)) for a in names for b in names if a != b and rng.random() < 0.3}
+        store, memory = _linked_memory(tmp_path / str(seed), names, [])
+        with store:
+            for source, target, rel_type in sorted(links):
+                memory.add_relationship(source, target, "failure", rel_type)
+            ids = {name: row_id for row_id, name in store.memory_names("failure").items()}
+            edges: dict[int, list[tuple[int, str]]] = {}
+            for from_id, to_id, rel_type in store.memory_edges():
+                edges.setdefault(from_id, []).append((to_id, rel_type))
+            best: dict[int, tuple[float, int]] = {}
+
+            def walk(node: int, weight: float, hops: int, path: frozenset) -> None:
+                if hops >= 4:
+                    return
+                for target, rel_type in edges.get(node, []):
+                    product = weight * scoring.RELATIONSHIP_WEIGHTS.get(rel_type, 0.8)
+                    if target in path or product < scoring.MIN_WEIGHT_PRODUCT:
+                        continue
+                    if (product, -(hops + 1)) > best.get(target, (-1.0, 0)):
+                        best[target] = (product, -(hops + 1))
+                    walk(target, product, hops + 1, path | {target})
+
+            walk(ids["n0"], 1.0, 0, frozenset({ids["n0"]}))
+            found = {h["entry"]["name"]: (h["weight"], h["hops"]) for h in memory.related("n0", max_hops=4)}
+            by_id = {row_id: name for name, row_id in ids.items()}
+            assert found == {by_id[t]: (round(w, 3), -h) for t, (w, h) in best.items()}, seed

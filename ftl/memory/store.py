@@ -389,7 +389,8 @@ class MemoryStore:
         for from_id, to_id, rel_type in self._store.memory_edges():
             edges.setdefault(from_id, []).append((to_id, rel_type))
         best: dict[int, tuple[float, int, str]] = {}  # entry id -> (weight, hops, via)
-        arrivals: dict[int, list[tuple[float, int]]] = {}  # entry id -> (weight, hops) walked on
+        # entry id -> (weight, hops, path) of the paths walked on from there
+        arrivals: dict[int, list[tuple[float, int, frozenset[int]]]] = {}
         stack: list[tuple[int, float, int, frozenset[int]]] = [(start, 1.0, 0, frozenset({start}))]
         while stack:
             node, weight, hops, path = stack.pop()
@@ -400,13 +401,16 @@ class MemoryStore:
                 if target in path or target not in names or product < min_weight_product:
                     continue
                 reached = arrivals.setdefault(target, [])
-                if any(w >= product and h <= hops + 1 for w, h in reached):
-                    continue  # an earlier path got here at least as heavy in as few hops
-                reached.append((product, hops + 1))
+                walked = path | {target}
+                if any(w >= product and h <= hops + 1 and p <= walked for w, h, p in reached):
+                    # an earlier path got here at least as heavy, in as few hops, through no
+                    # entry this one avoids: every way on from here is open to it too
+                    continue
+                reached.append((product, hops + 1, walked))
                 known = best.get(target)
                 if known is None or (product, -(hops + 1)) > (known[0], -known[1]):
                     best[target] = (product, hops + 1, rel_type)
-                stack.append((target, product, hops + 1, path | {target}))
+                stack.append((target, product, hops + 1, walked))
         entries = self._store.memory_entries_by_id(entry_type, ids=set(best)) if best else {}
         # An entry deleted by another process since `memory_names` is left out.
         found = [{"entry": dict(entries[target]), "hops": hops, "weight": round(weight, 3),
