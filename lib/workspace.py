@@ -231,7 +231,11 @@ def create(env: Env, plan_id: int, task_seq: str | None) -> Reply:
             raise FtlError("schema_invalid", {"count": 1, "violations": [
                 {"path": "--task", "message": str(exc), "fix": "pass a seq like 001"}]}) from None
     if not env.store.tasks(cid):  # register the plan first: FTL's TASK flow never calls add-tasks
-        env.store.add_tasks(cid, plan)
+        try:
+            env.store.add_tasks(cid, plan)
+        except FtlError as error:  # a concurrent create registered it first: use its tasks
+            if error.error_type != "conflict" or not env.store.tasks(cid):
+                raise
     if env.store.plan_versions(cid)[-1] != plan_id:  # the header of the latest version
         plan = env.store.get_plan(cid)
     depends, status = env.store.task_graph(cid)

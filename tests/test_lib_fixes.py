@@ -326,3 +326,24 @@ def test_refusals_kept_say_why_and_what_to_do(tmp_path: Path) -> None:
     assert isinstance(state, FtlError) and "INIT, EXPLORE" in state.message and "ftl replay" in state.message
     status = invoke(PLAN.cli, tmp_path, "list", "--status", "anything")
     assert isinstance(status, click.BadParameter) and "'active', 'executed', 'superseded'" in status.format_message()
+
+
+def test_concurrent_creates_that_both_register_the_plan_both_succeed(tmp_path: Path, monkeypatch) -> None:
+    """Two `workspace create` calls on a campaign whose plan is not registered yet: the other
+    registers it between this call's check and its own registration."""
+    cid = new_campaign(tmp_path, PLAN3)
+    original = Store.add_tasks
+    others: list[Any] = []
+
+    def register_after_another_call(self, *args, **kwargs):
+        if not others:
+            others.append(None)
+            others[0] = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, "add_tasks", register_after_another_call)
+    mine = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
+    assert not isinstance(mine, Exception), mine
+    assert [w["attempt"] for w in mine.data["created"]] == [w["attempt"] for w in others[0].data["created"]] == [1]
+    with store_of(tmp_path) as store:
+        assert len(store.tasks(cid)) == 3 and len(store.workspaces(cid, seq="001")) == 1
