@@ -117,8 +117,8 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
         fd = os.open(spare, os.O_WRONLY)  # no O_CREAT: only a file this thread released
     except OSError:
         fd = None
-    try:
-        if fd is not None:
+    if fd is not None:
+        try:
             try:
                 written = 0
                 while written < len(data):
@@ -127,6 +127,9 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
                 os.close(fd)
             os.replace(spare, entry)
             return entry
+        except OSError:  # the spare went away meanwhile: write a new file instead
+            pass
+    try:
         ledger.mkdir(parents=True, exist_ok=True)
         partial = entry.with_suffix(".tmp")
         partial.write_bytes(data)

@@ -122,3 +122,25 @@ def test_an_entry_always_fits_its_size_so_a_rewrite_leaves_no_tail(tmp_path: Pat
     finally:
         leader.kill()
         leader.wait()
+
+
+def test_a_spare_that_vanishes_before_its_rename_falls_back_to_a_new_file(tmp_path: Path, monkeypatch) -> None:
+    import ftl.processes as processes
+
+    ledger = tmp_path / "procs"
+    leader = _sleeper()
+    try:
+        release(record(ledger, leader.pid, "first", deadline_s=time.time() + 60))
+        real_replace = os.replace
+
+        def spare_gone(source, target):  # another process's reap removed the spare meanwhile
+            if Path(source).name.startswith("spare-"):
+                os.unlink(source)
+            return real_replace(source, target)
+
+        monkeypatch.setattr(processes.os, "replace", spare_gone)
+        entry = record(ledger, leader.pid, "second", deadline_s=time.time() + 60)
+        assert entry is not None and json.loads(entry.read_text())["what"] == "second"
+    finally:
+        leader.kill()
+        leader.wait()
