@@ -115,20 +115,16 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
     spare = _spare(ledger)
     try:
         fd = os.open(spare, os.O_WRONLY)  # no O_CREAT: only a file this thread released
-    except OSError:
-        fd = None
-    if fd is not None:
         try:
-            try:
-                written = 0
-                while written < len(data):
-                    written += os.pwrite(fd, data[written:], written)
-            finally:
-                os.close(fd)
-            os.replace(spare, entry)
-            return entry
-        except OSError:  # the spare went away meanwhile: write a new file instead
-            pass
+            written = 0
+            while written < len(data):
+                written += os.pwrite(fd, data[written:], written)
+        finally:
+            os.close(fd)
+        os.replace(spare, entry)
+        return entry
+    except OSError:  # no spare, or it went away meanwhile: write a new file instead
+        pass
     try:
         ledger.mkdir(parents=True, exist_ok=True)
         partial = entry.with_suffix(".tmp")

@@ -189,23 +189,29 @@ def test_a_slug_ending_in_a_newline_is_refused_on_both_paths(tmp_path: Path) -> 
 
 # --------------------------------------------------------------------------- 6. concurrent create
 
+def _create_racing_another(repo: Path, monkeypatch, step: str) -> tuple[Any, Any]:
+    """``workspace create --task 001``, with another such call run to its end just before this
+    one's ``Store.<step>`` (the race two create processes run). Returns (mine, theirs)."""
+    original = getattr(Store, step)
+    others: list[Any] = []
+
+    def after_another_call(self, *args, **kwargs):
+        if not others:
+            others.append(None)
+            others[0] = invoke(WORKSPACE.cli, repo, "create", "--plan-id", "1", "--task", "001")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Store, step, after_another_call)
+    mine = invoke(WORKSPACE.cli, repo, "create", "--plan-id", "1", "--task", "001")
+    assert not isinstance(mine, Exception), mine
+    return mine, others[0]
+
+
 def test_concurrent_creates_of_one_task_both_get_the_one_attempt(tmp_path: Path, monkeypatch) -> None:
     """The other call records its workspace between this call's read and its write (the race
     two `workspace create` processes run); both return attempt 1, recorded once."""
     cid = new_campaign(tmp_path, PLAN3, register=True)
-    original = Store.record_workspace
-    others: list[Any] = []
-
-    def record_after_another_call(self, *args, **kwargs):
-        if not others:
-            others.append(None)
-            others[0] = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "record_workspace", record_after_another_call)
-    mine = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
-    assert not isinstance(mine, Exception), mine
-    theirs = others[0]
+    mine, theirs = _create_racing_another(tmp_path, monkeypatch, "record_workspace")
     assert [(w["workspace_id"], w["attempt"]) for w in mine.data["created"]] == \
            [(w["workspace_id"], w["attempt"]) for w in theirs.data["created"]] == [("001-task-001", 1)]
     with store_of(tmp_path) as store:
@@ -332,18 +338,7 @@ def test_concurrent_creates_that_both_register_the_plan_both_succeed(tmp_path: P
     """Two `workspace create` calls on a campaign whose plan is not registered yet: the other
     registers it between this call's check and its own registration."""
     cid = new_campaign(tmp_path, PLAN3)
-    original = Store.add_tasks
-    others: list[Any] = []
-
-    def register_after_another_call(self, *args, **kwargs):
-        if not others:
-            others.append(None)
-            others[0] = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Store, "add_tasks", register_after_another_call)
-    mine = invoke(WORKSPACE.cli, tmp_path, "create", "--plan-id", "1", "--task", "001")
-    assert not isinstance(mine, Exception), mine
-    assert [w["attempt"] for w in mine.data["created"]] == [w["attempt"] for w in others[0].data["created"]] == [1]
+    mine, theirs = _create_racing_another(tmp_path, monkeypatch, "add_tasks")
+    assert [w["attempt"] for w in mine.data["created"]] == [w["attempt"] for w in theirs.data["created"]] == [1]
     with store_of(tmp_path) as store:
         assert len(store.tasks(cid)) == 3 and len(store.workspaces(cid, seq="001")) == 1
