@@ -10,7 +10,6 @@ was lost (resumable), 130 cancelled (resumable).
 from __future__ import annotations
 
 import contextlib
-import json
 import signal
 import sys
 from pathlib import Path
@@ -219,6 +218,8 @@ def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
         if path is None:
             return None
         try:
+            import json
+
             return json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError):
             raise LookupError from None

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import json
 import sys
 from typing import Any, Callable
 
@@ -32,6 +31,8 @@ _BAD_INPUT_TYPES = {"validation", "not_found", "conflict", "authentication", "au
 def emit(payload: dict[str, Any], as_json: bool, human: str | None = None) -> None:
     """Print ``payload`` as indented, key-sorted JSON when ``as_json``, else ``human`` (if any)."""
     if as_json:
+        import json  # not on the path of --help and the text commands
+
         click.echo(json.dumps(payload, indent=2, sort_keys=True, default=str))
     elif human:
         click.echo(human)

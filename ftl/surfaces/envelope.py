@@ -15,8 +15,7 @@ Partial success (some tasks blocked, some explorers missing) is ``success: true`
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ftl.errors import FtlError
 
@@ -37,8 +36,9 @@ WARNINGS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Warning:
+class Warning(NamedTuple):
+    """One response-v2 warning: ``code`` (a `WARNINGS` key), a message and its context."""
+
     code: str
     message: str
     context: dict[str, Any] | None = None
