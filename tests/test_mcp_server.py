@@ -598,3 +598,41 @@ def test_replay_log_cuts_long_lists_and_every_answer_is_standard_json(tmp_path: 
     result = surface.Outcome({"summary": {"cost": float("nan"), "spans": [float("inf")]}}).result()
     assert json.loads(result.content[0].text, parse_constant=lambda name: pytest.fail(name)) == {
         "summary": {"cost": "nan", "spans": ["inf"]}}
+
+
+# --------------------------------------------------------------------------- roots
+
+def test_paths_outside_the_servers_roots_are_refused_without_being_opened(tmp_path: Path) -> None:
+    served, outside = tmp_path / "served", tmp_path / "outside"
+    git_repo(served)
+    git_repo(outside)
+    (outside / "plan.json").write_text("{not json")  # opened, it would be a parse error
+    (served / "escape").symlink_to(outside, target_is_directory=True)
+    server = make_server(served)
+    calls = [("campaign_status", {"repo": str(outside)}),
+             ("campaign_status", {"repo": "../outside"}),
+             ("campaign_status", {"repo": "escape"}),  # a symlink out counts where it points
+             ("campaign_run", {"objective": "x", "plan": str(outside / "plan.json")}),
+             ("replay_log", {"path": "../outside/events.jsonl"}),
+             ("replay_log", {"path": "/etc/passwd"})]
+    for (name, args), answer in zip(calls, session(server, calls)):
+        data = rpc_error(answer, -32602, "invalid_params")
+        problem = data["details"]["schema_errors"][0]
+        assert problem["keyword"] == "x-root" and problem["path"] in ("/repo", "/plan", "/path"), (name, data)
+        assert str(tmp_path) not in json.dumps(data) and "passwd" not in json.dumps(data)
+    assert not (outside / ".ftl").exists()  # nothing was created in the refused repository
+
+
+def test_allow_root_opens_another_directory_and_inside_paths_stay_usable(tmp_path: Path) -> None:
+    served, other = tmp_path / "served", tmp_path / "other"
+    git_repo(served)
+    git_repo(other / "repo")
+    (served / "sub").mkdir()
+    allowed = make_server(served, allowed_roots=[other])
+    inside, nested = session(allowed, [("campaign_status", {"repo": str(other / "repo")}),
+                                       ("campaign_status", {"repo": "sub/.."})])
+    for answer in (inside, nested):  # allowed: answered (no campaign yet), not refused
+        assert envelope_of(answer, is_error=False)["data"]["status"] == "none"
+    with pytest.raises(FtlError) as missing:
+        make_server(served, allowed_roots=[tmp_path / "nope"])
+    assert missing.value.error_type == "not_found"

@@ -48,7 +48,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterator, Mapping
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence
 
 import anyio
 import anyio.from_thread
@@ -235,7 +235,7 @@ def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, call: CallConte
     if args.plan:
         from ftl.validation import load_plan_file
 
-        plan = load_plan_file(server.resolve_path(repo, args.plan))
+        plan = load_plan_file(server.resolve_path(repo, args.plan, "/plan"))
         plan_input = plan.model_dump(mode="json", by_alias=True, exclude_none=True)
     objective = args.objective or (plan_input or {}).get("objective")
     if not objective:
@@ -464,6 +464,11 @@ class FtlMcpServer:
             of building `ftl.gate.Gatekeeper` from ``[gates]``.
         correlation: correlation id source (default: a fresh `CorrelationIds`).
         max_message_bytes: stdio messages above this get -32600 ``message_too_large``.
+        allowed_roots: directories besides ``repo`` whose insides a call may name (``--allow-root``).
+    Paths: every ``repo``, ``plan`` and ``path`` argument must lie inside ``repo`` or one of
+    ``allowed_roots`` once symlinks are resolved; anything else is ``invalid_params`` and is
+    never opened (a client's agent gets the directories the user served, not the machine:
+    the least privilege of MCP's roots).
     Raises:
         FtlError(not_found): ``repo`` is not a directory; FtlError(configuration_error): the
             configuration file is invalid.
@@ -472,11 +477,16 @@ class FtlMcpServer:
     def __init__(self, repo: Path, *, config_path: Path | None = None, metrics: Metrics | None = None,
                  runner_factory: Callable[..., Any] | None = None, gatekeeper: Any = None,
                  correlation: CorrelationIds | None = None,
-                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
+                 max_message_bytes: int = MAX_MESSAGE_BYTES,
+                 allowed_roots: Sequence[Path] = ()) -> None:
         repo = Path(repo)
         if not repo.is_dir():
             raise FtlError("not_found", {"what": "the repository directory given by --repo"})
         self.repo = repo.resolve()
+        for root in allowed_roots:
+            if not Path(root).is_dir():
+                raise FtlError("not_found", {"what": "a directory given by --allow-root"})
+        self.roots: tuple[Path, ...] = (self.repo, *(Path(root).resolve() for root in allowed_roots))
         self.config_path = config_path
         self.config: Config = load_config(config_path, self.repo)
         self.metrics = metrics if metrics is not None else METRICS
@@ -507,20 +517,35 @@ class FtlMcpServer:
     def resolve_repo(self, value: str | None) -> Path:
         """The repository a call names (relative to the server's), or the server's own.
 
-        Raises: FtlError(not_found) when it is not a directory (the path is not echoed).
+        Raises: FtlError(invalid_params) when it lies outside the server's roots, FtlError
+        (not_found) when it is not a directory (neither echoes the path).
         """
         if value is None:
             return self.repo
-        path = Path(value).expanduser()
-        path = path if path.is_absolute() else self.repo / path
+        path = self._confined(self.repo, value, "/repo")
         if not path.is_dir():
             raise FtlError("not_found", {"what": "the repository directory given by repo"})
-        return path.resolve()
+        return path
 
-    @staticmethod
-    def resolve_path(repo: Path, value: str) -> Path:
+    def resolve_path(self, repo: Path, value: str, field: str = "/path") -> Path:
+        """``value`` (relative to ``repo``) as a resolved path inside the server's roots.
+
+        Raises: FtlError(invalid_params) when it lies outside them (``field``: the argument's
+        JSON pointer, named in the error).
+        """
+        return self._confined(repo, value, field)
+
+    def _confined(self, base: Path, value: str, field: str) -> Path:
         path = Path(value).expanduser()
-        return path if path.is_absolute() else repo / path
+        path = (path if path.is_absolute() else base / path).resolve()
+        if not any(path == root or path.is_relative_to(root) for root in self.roots):
+            raise FtlError("invalid_params", {"schema_errors": [{
+                "path": field, "keyword": "x-root",
+                "message": "names a place outside the directories this server may use (its "
+                           "--repo and --allow-root directories); start `ftl mcp` with "
+                           "--allow-root for it, or name a path inside them"}]},
+                message="A path argument lies outside the directories this server may use.")
+        return path
 
     def config_for(self, repo: Path, **overrides: Any) -> Config:
         """``--config`` (or ``<repo>/ftl.toml``) for ``repo``, with the call's overrides."""
@@ -834,18 +859,24 @@ def _validate(spec: ToolSpec, arguments: dict[str, Any]) -> BaseModel:
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 @click.option("--log-file", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON log lines here instead of stderr.")
-def mcp(repo: Path, config_path: Path | None, log_level: str, log_file: Path | None) -> None:
+@click.option("--allow-root", "allowed_roots", multiple=True,
+              type=click.Path(file_okay=False, path_type=Path),
+              help="Another directory whose repositories, plans and logs calls may name "
+                   "(repeatable; default: only --repo).")
+def mcp(repo: Path, config_path: Path | None, log_level: str, log_file: Path | None,
+        allowed_roots: tuple[Path, ...]) -> None:
     """Serve ftl to MCP clients (Claude Code) over stdio.
 
     Tools: campaign_run, campaign_resume, campaign_status, ready_tasks, cascade_analysis,
-    replay_log, intents; each returns a response-v2 envelope. stdout carries only the
+    replay_log, intents; each returns a response-v2 envelope. Calls may name repositories,
+    plans and logs inside --repo and the --allow-root directories only. stdout carries only the
     protocol; logs are JSON lines on stderr (or --log-file). Exit 0 when the client closes
     stdin; 2 when the repository or the configuration is invalid (the error envelope is
     printed on stderr).
     """
     logs.configure(log_level, log_file)
     try:
-        server = FtlMcpServer(repo, config_path=config_path)
+        server = FtlMcpServer(repo, config_path=config_path, allowed_roots=allowed_roots)
     except FtlError as error:
         logs.log_error(error, correlation_id="startup", logger=log, surface="startup")
         click.echo(json.dumps(envelope.failure(error), sort_keys=True), err=True)
