@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +175,60 @@ def test_a_gate_decision_is_logged_when_the_allowed_tool_then_fails(tmp_path: Pa
     decisions = [e for e in read_events(log.path) if e["event"] == "GATE_DECISION"]
     assert [(e["task_seq"], e["outcome"], e["gates"].get("governance")) for e in decisions] == [
         ("001", "forward", "forward"), ("002", "forward", "forward")]
+
+
+class GatedClient(FakeClient):
+    """Evaluations block until ``release`` is set; ``fail_first`` makes the first one raise."""
+
+    def __init__(self, fail_first: bool = False, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.fail_first = fail_first
+
+    def evaluate(self, intent: str, facts: list, **kwargs: Any) -> dict:
+        first = not self.evaluated
+        self.entered.set()
+        assert self.release.wait(10)
+        answer = super().evaluate(intent, facts, **kwargs)
+        if first and self.fail_first:
+            raise FtlError("network_error", {"what": "the evaluation"})
+        return answer
+
+
+def _concurrent_selects(tools: ToolClient, client: GatedClient, count: int) -> list[Any]:
+    answers: list[Any] = [None] * count
+
+    def ask(number: int) -> None:
+        try:
+            answers[number] = tools.select("verify_task", FACTS)
+        except FtlError as error:
+            answers[number] = error
+
+    threads = [threading.Thread(target=ask, args=(number,)) for number in range(count)]
+    threads[0].start()
+    assert client.entered.wait(10)  # the first one is evaluating
+    for thread in threads[1:]:
+        thread.start()
+    time.sleep(0.05)  # the others reach the in-flight evaluation and wait on it
+    client.release.set()
+    for thread in threads:
+        thread.join(10)
+    return answers
+
+
+@pytest.mark.parametrize("validity", [WINDOW, None])
+def test_concurrent_identical_selections_share_one_evaluation(log: EventLog, validity: Any):
+    client = GatedClient(validity=validity)
+    tools = ToolClient(client, log, clock=Clock())
+    answers = _concurrent_selects(tools, client, 3)
+    assert len(client.evaluated) == 1 and tools.evaluations == 1
+    assert all(answer == answers[0] and "run_verify" in answer for answer in answers)
+
+
+def test_a_failed_shared_evaluation_lets_each_waiter_evaluate_on_its_own(log: EventLog):
+    client = GatedClient(fail_first=True)
+    tools = ToolClient(client, log, clock=Clock())
+    answers = _concurrent_selects(tools, client, 3)
+    assert isinstance(answers[0], FtlError) and answers[0].error_type == "network_error"
+    assert all(isinstance(answer, dict) for answer in answers[1:])
+    assert len(client.evaluated) == 2  # one waiter evaluated again; the other reused its answer

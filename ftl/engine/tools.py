@@ -61,6 +61,7 @@ class ToolClient:
         self._clock = clock
         self._selections: OrderedDict[str, tuple[float, dict[str, dict[str, Any]]]] = OrderedDict()
         self._lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}  # key -> the evaluation in progress
         self.evaluations = 0  # intent evaluations sent (the benchmark and the tests read it)
 
     def select(self, intent: str, facts: Iterable[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -75,24 +76,46 @@ class ToolClient:
         return self._select(intent, list(facts))[0]
 
     def _select(self, intent: str, facts: list[dict[str, Any]]) -> tuple[dict[str, dict[str, Any]], bool]:
-        """`select`, and whether the answer is a reused one."""
+        """`select`, and whether the answer is a reused one.
+
+        Single flight: while one thread evaluates a key, others asking for the same key wait
+        for its answer instead of sending the same evaluation (the first tasks of a run all
+        miss the cache at once; three parallel evaluations on two cores made each of them
+        slower). A shared answer counts as reused; when the evaluation fails, each waiter
+        evaluates on its own (its error is its own to retry)."""
         key = _selection_key(intent, facts)
-        now = self._clock()
-        with self._lock:
-            cached = self._selections.get(key)
-            if cached is not None and now < cached[0]:
-                self._selections.move_to_end(key)
-                return cached[1], True
-        response = self.client.evaluate(intent, facts, disclosure="full")
-        self.evaluations += 1
-        tools = {_field(tool, "name"): _as_dict(tool) for tool in (_field(response, "macro_tools") or [])}
-        window_s = _validity_s(tools.values())
-        if window_s is not None and window_s > 0:
+        while True:
+            now = self._clock()
             with self._lock:
-                self._selections[key] = (now + window_s * self.VALIDITY_SHARE, tools)
-                self._selections.move_to_end(key)
-                while len(self._selections) > self.CACHE_SIZE:
-                    self._selections.popitem(last=False)
+                cached = self._selections.get(key)
+                if cached is not None and now < cached[0]:
+                    self._selections.move_to_end(key)
+                    return cached[1], True
+                flight = self._flights.get(key)
+                leading = flight is None
+                if leading:
+                    flight = self._flights[key] = _Flight()
+            if leading:
+                break
+            flight.done.wait()
+            if flight.tools is not None:
+                return flight.tools, True
+        try:
+            response = self.client.evaluate(intent, facts, disclosure="full")
+            self.evaluations += 1
+            tools = {_field(tool, "name"): _as_dict(tool) for tool in (_field(response, "macro_tools") or [])}
+            window_s = _validity_s(tools.values())
+            with self._lock:
+                if window_s is not None and window_s > 0:
+                    self._selections[key] = (now + window_s * self.VALIDITY_SHARE, tools)
+                    self._selections.move_to_end(key)
+                    while len(self._selections) > self.CACHE_SIZE:
+                        self._selections.popitem(last=False)
+                flight.tools = tools
+        finally:
+            with self._lock:
+                del self._flights[key]
+            flight.done.set()
         return tools, False
 
     def _forget(self, intent: str, facts: list[dict[str, Any]]) -> None:
@@ -166,6 +189,17 @@ class ToolClient:
             result = _field(response, "result")
             return result if isinstance(result, dict) else {"value": result}
         raise AssertionError("unreachable")  # the second round returns or raises
+
+
+class _Flight:
+    """One evaluation in progress: ``done`` is set when it ended, ``tools`` holds its answer
+    (None when it failed)."""
+
+    __slots__ = ("done", "tools")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.tools: dict[str, dict[str, Any]] | None = None
 
 
 _REEVALUATE_CODES = frozenset({"macro_not_found", "macro_expired"})

@@ -383,6 +383,35 @@ def remove_worktree(repo_path: Path, *, name: str, path: Path) -> bool:
         return False
 
 
+def ensure_branch(repo_path: Path, branch: str) -> str | None:
+    """``git rev-parse --verify refs/heads/BRANCH``, or when it does not exist ``git branch
+    --no-track BRANCH HEAD``, in process.
+
+    Returns:
+        The commit the branch points at (40 hex digits); None when libgit2 cannot answer like
+        git (no commit at ``HEAD``, the branch is symbolic, ...): run the CLI.
+    """
+    repo = _open(repo_path)
+    if repo is None:
+        return None
+    name = f"refs/heads/{branch}"
+    for _ in range(2):  # a concurrent creation between the look-up and ours: look again
+        try:
+            found = repo.references.get(name)
+            if found is not None:
+                if found.type != pygit2.enums.ReferenceType.DIRECT:
+                    return None
+                return str(found.peel(pygit2.Commit).id)
+            head = repo.revparse_single("HEAD").peel(pygit2.Commit)
+            repo.branches.local.create(branch, head, force=False)
+            return str(head.id)
+        except pygit2.AlreadyExistsError:
+            continue
+        except (pygit2.GitError, OSError, ValueError, KeyError, AttributeError):
+            return None
+    return None
+
+
 def is_ancestor(repo_path: Path, commit: str, of: str) -> bool | None:
     """``git merge-base --is-ancestor COMMIT OF`` in process (a commit is its own ancestor).
 

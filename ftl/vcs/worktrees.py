@@ -215,6 +215,10 @@ class Worktrees:
         with self._refs_lock:
             if self._head is not None:
                 return self._head
+            found = libgit.ensure_branch(self.repo, self.integration)
+            if found is not None:
+                self._head = found
+                return found
             existing = self._resolve(self.integration)
             if existing:
                 self._head = existing

@@ -792,3 +792,36 @@ def test_intent_to_add_after_rm_cached_is_left_to_git(tmp_path: Path) -> None:
     git(root, "add", "-N", "d/x.py")
     assert cli_status(root)["d/x.py"] == "DA"
     assert libgit.status(root) is None
+
+
+# --------------------------------------------------------------------------- ensure_branch
+
+def test_ensure_branch_creates_at_head_once_like_git_branch(tmp_path: Path) -> None:
+    head = make_repo(tmp_path)
+    assert libgit.ensure_branch(tmp_path, "ftl/c-1/integration") == head
+    assert git(tmp_path, "rev-parse", "--verify", "refs/heads/ftl/c-1/integration").strip() == head
+    assert git(tmp_path, "config", "--get-regexp", "^branch\\.", check=False) == ""  # no tracking
+    git(tmp_path, "commit", "-q", "--allow-empty", "-m", "later")
+    # an existing branch is answered where it stands, never moved to the new HEAD
+    assert libgit.ensure_branch(tmp_path, "ftl/c-1/integration") == head
+
+
+def test_ensure_branch_steps_aside_where_git_must_answer(tmp_path: Path) -> None:
+    git(tmp_path, "init", "-q")
+    assert libgit.ensure_branch(tmp_path, "x") is None  # no commit at HEAD yet
+    assert git(tmp_path, "for-each-ref", "refs/heads") == ""
+    make_repo(tmp_path / "sym")
+    git(tmp_path / "sym", "symbolic-ref", "refs/heads/alias", "refs/heads/main")
+    assert libgit.ensure_branch(tmp_path / "sym", "alias") is None  # symbolic: git's call
+
+
+def test_concurrent_ensure_branch_agree_on_one_commit(tmp_path: Path) -> None:
+    head = make_repo(tmp_path)
+    answers: list[str | None] = []
+    threads = [threading.Thread(target=lambda: answers.append(libgit.ensure_branch(tmp_path, "b")))
+               for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert answers == [head] * 4
