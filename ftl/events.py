@@ -245,6 +245,46 @@ def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
     return found
 
 
+_SPEND_MARKERS = (b'"event":"RUN_START"', b'"event":"PLAN_DECISION"', b'"event":"TOOL_FAILURE"')
+#: Planner tools whose runs are paid agent runs (their cost is in no workspace row).
+PLANNER_TOOLS = frozenset({"claude_planner", "agent_planner"})
+
+
+def earlier_planner_spend_usd(path: Path) -> float:
+    """What the planners of the campaign's earlier runs cost (USD): the ``total_cost_usd`` of
+    every ``PLAN_DECISION`` and the ``details.agent_cost.total_cost_usd`` of every planner
+    ``TOOL_FAILURE`` (a paid run that gave no answer) before the log's last ``RUN_START`` (the
+    current run's spend is counted as it happens). Builds are not here: their cost is on their
+    workspace rows. 0.0 when the file is absent. Scans like `unended_task_starts`.
+    """
+    earlier = current = 0.0
+    if not path.exists():
+        return earlier
+    with open(path, "rb") as handle:
+        for raw in handle:
+            if not any(marker in raw for marker in _SPEND_MARKERS):
+                continue
+            try:
+                event = json.loads(raw)
+            except (ValueError, RecursionError):
+                continue
+            if not isinstance(event, dict):
+                continue
+            kind = event.get("event")
+            if kind == RUN_START:
+                earlier, current = earlier + current, 0.0
+                continue
+            cost: Any = event.get("total_cost_usd")
+            if kind == TOOL_FAILURE:
+                details = event.get("details")
+                paid = details.get("agent_cost") if isinstance(details, dict) else None
+                cost = (paid.get("total_cost_usd") if isinstance(paid, dict)
+                        and event.get("tool") in PLANNER_TOOLS else None)
+            if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 < cost < float("inf"):
+                current += float(cost)
+    return earlier
+
+
 class EventLog:
     """Append-only, thread-safe writer of one campaign's events.
 

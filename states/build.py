@@ -566,8 +566,9 @@ class _ClaudeTries:
 
     def build(self, facts: list, spec: dict[str, Any], exclude: list[str]) -> dict[str, Any]:
         run, limits = self.run, self.run.agent_limits
-        limits.spend.seed_once(lambda: sum(
-            item["cost_usd"] for item in agent_spend(run.store.workspaces(run.campaign_id)).values()))
+        limits.spend.seed_once(lambda: sum(  # a resume: the builds and planners of earlier runs
+            item["cost_usd"] for item in agent_spend(run.store.workspaces(run.campaign_id)).values())
+            + ev.earlier_planner_spend_usd(run.log.path))
         self._check_spend()
         args: dict[str, Any] = {"workspace": spec, "exclude_paths": exclude}
         if self.resume:

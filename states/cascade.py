@@ -180,6 +180,10 @@ def _revised_plan(run: Run):
     result = run.recovery.run(
         lambda n: ask_planner(run, facts, tool, args, intent=REPLAN_INTENT, state="CASCADE"),
         tool=tool, state="CASCADE")
+    cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
+            if result.get(key) is not None}  # a Claude planner's spend, as PLAN logs it
+    run.log.emit(ev.PLAN_DECISION, state="CASCADE", decision=str(result.get("decision", "UNKNOWN")).upper(),
+                 tool=tool, questions=result.get("questions") or [], **cost)
     if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
         raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
     return parse_plan(result["plan"], source="revised plan", known_seqs=_seqs(run))

@@ -8,7 +8,7 @@
     schema_invalid,
     cycle_detected     -> RETURN the validation errors
     clarify_exhausted  -> RETURN the open questions
-    budget_exhausted   -> OBSERVE
+    budget_exhausted   -> OBSERVE, then COMPLETE reports the error (exit 4)
     iteration_exhausted,
     stuck_detected     -> CASCADE
     anything else      -> RETURN an error summary
@@ -50,7 +50,9 @@ def enter(run: Run) -> Next | Finish:
         return Next("plan")
     if route is Route.CASCADE:
         return Next("cascade")
-    if route is Route.OBSERVE:
+    if route is Route.OBSERVE:  # learn from it, then end: COMPLETE reports it (exit 4)
+        run.tracked.observed_error = {"error_type": error.error_type, "message": error.message,
+                                      "remediation": error.kind.remediation}
         return Next("observe")
 
     payload: dict[str, Any] = {}

@@ -18,6 +18,7 @@ from ftl.engine.machine import Flow
 from ftl.engine.recovery import classify_command
 from ftl.engine.runner import Next, Run
 from ftl.engine.tools import fact
+from ftl.states.execute import AGENT_COST_KEYS
 from ftl.validation import parse_plan
 
 INTENT = "plan_campaign"
@@ -105,6 +106,9 @@ def ask_planner(run: Run, facts: list, tool: str, args: dict[str, Any], *,
                                     limit_kind=result.get("limit_kind"), reason=result.get("reason"))
     if result.get("error_type"):  # a Claude planner run that failed (login, limit, stall...)
         error = classify_command({**result, "output": result.get("reason")}, what="plan")
+        cost = {key: result[key] for key in AGENT_COST_KEYS if result.get(key) is not None}
+        if cost.get("total_cost_usd"):  # paid for: TOOL_FAILURE keeps it for a resume's spend
+            error.details["agent_cost"] = cost
         if error.error_type in ("agent_login_required", "configuration_error"):
             error.details["problem"] = str(result.get("reason") or "")
         raise error

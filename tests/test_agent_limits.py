@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from datetime import datetime, timedelta, timezone
+
+import pytest
 
 from ftl.executors.agent_limits import DEFAULT_PAUSE_S, DEFAULT_USAGE_PAUSE_S, RateGate, SpendLimit
 
@@ -96,7 +99,7 @@ def test_a_resume_seeds_the_spend_of_earlier_runs_once() -> None:
     assert spend.total_usd == 1.0 and spend.reached(1.0)
 
 
-def test_a_start_that_waited_at_the_gate_checks_the_spend_again_when_it_opens() -> None:
+def test_a_start_that_waited_at_the_gate_checks_the_spend_again_when_it_opens(tmp_path: Path) -> None:
     # Agents that ran while this start waited took the spend to the limit: it must not start.
     from types import SimpleNamespace
 
@@ -117,8 +120,8 @@ def test_a_start_that_waited_at_the_gate_checks_the_spend_again_when_it_opens() 
 
     run = SimpleNamespace(agent_limits=limits, config=SimpleNamespace(max_cost_usd=4.0),
                           store=SimpleNamespace(workspaces=lambda cid: []), campaign_id="c",
-                          log=SimpleNamespace(emit=_emit(events)), machine_state="EXECUTE",
-                          tools=SimpleNamespace(call=call))
+                          log=SimpleNamespace(emit=_emit(events), path=tmp_path / "none.jsonl"),
+                          machine_state="EXECUTE", tools=SimpleNamespace(call=call))
     try:
         _ClaudeTries(run, "003", threading.Event()).build([], {"budget": 1}, [])
     except FtlError as error:
@@ -126,3 +129,28 @@ def test_a_start_that_waited_at_the_gate_checks_the_spend_again_when_it_opens() 
     else:
         raise AssertionError("the start went ahead past the spend limit")
     assert invoked == []
+
+
+def test_a_resume_counts_the_earlier_runs_planner_spend_against_the_limit(tmp_path: Path) -> None:
+    # The first run's Claude planner cost 0.6 (no workspace row holds it); the limit is 0.5.
+    from types import SimpleNamespace
+
+    from ftl import events as ev
+    from ftl.errors import FtlError
+    from ftl.executors.agent_limits import AgentLimits
+    from ftl.states.build import _ClaudeTries
+
+    path = tmp_path / "c.jsonl"
+    with ev.EventLog(path, "c") as log:
+        log.emit("RUN_START")
+        log.emit("PLAN_DECISION", decision="PROCEED", tool="claude_planner", total_cost_usd=0.6)
+        log.emit("RUN_START")
+    invoked: list[str] = []
+    run = SimpleNamespace(agent_limits=AgentLimits(), config=SimpleNamespace(max_cost_usd=0.5),
+                          store=SimpleNamespace(workspaces=lambda cid: []), campaign_id="c",
+                          log=SimpleNamespace(emit=_emit([]), path=path), machine_state="EXECUTE",
+                          tools=SimpleNamespace(call=lambda *a, **k: invoked.append("built")))
+    with pytest.raises(FtlError) as refused:
+        _ClaudeTries(run, "001", threading.Event()).build([], {"budget": 1}, [])
+    assert refused.value.error_type == "budget_exhausted" and invoked == []
+    assert run.agent_limits.spend.total_usd == pytest.approx(0.6)

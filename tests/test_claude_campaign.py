@@ -11,6 +11,8 @@ import sys
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 from ftl.errors import Route, kind
 from ftl.events import read_events
 from ftl.postmortem.html import render_html
@@ -211,3 +213,34 @@ def test_a_build_re_run_after_a_merge_conflict_keeps_both_rounds_cost(tmp_path: 
     one_run = round(0.01 + 0.0025 * int(seq), 4)  # the stand-in's price of one success
     assert end["status"] == "complete"
     assert end["total_cost_usd"] == round(2 * one_run, 6) and end["num_turns"] == 6
+
+
+def test_a_planner_out_of_turns_ends_the_campaign_exit_4_and_keeps_its_cost(tmp_path: Path) -> None:
+    from ftl import events as ev
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "ftl.toml").write_text(
+        'builder = "claude"\nplanner = "claude"\njobs = 1\n'
+        f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n")
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "base"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    proc = subprocess.run([ENV["FTL_BIN"], "campaign", "run", "plan something", "--repo", str(repo),
+                           "--json"], capture_output=True, text=True, timeout=180,
+                          env={**ENV, "FTL_STAND_IN_SCENARIOS": json.dumps({"planner": "max_turns"})})
+    # budget_exhausted routes to OBSERVE and ends in COMPLETE, which must not call it a success
+    assert proc.returncode == 4 and "Traceback" not in proc.stderr
+    answer = json.loads(proc.stdout)
+    assert not answer["success"] and answer["data"]["ftl_error_type"] == "budget_exhausted"
+    assert answer["error"].startswith("The plan step used up its budget: Claude Code stopped at "
+                                      "its turn limit")
+    log = next((repo / ".ftl" / "events").glob("*.jsonl"))
+    with replay([log]) as checked:  # a RETURN with its summary ends the story, as from ERROR
+        assert checked.violations == []
+    failures = [e for e in _events(repo) if e["event"] == "TOOL_FAILURE" and e["tool"] == "claude_planner"]
+    assert failures and all(f["details"]["agent_cost"]["total_cost_usd"] == 0.05 for f in failures)
+    # a resume of this campaign starts its spend from what these paid runs cost
+    with ev.EventLog(log, log.stem) as writer:
+        writer.emit("RUN_START")
+    assert ev.earlier_planner_spend_usd(log) == pytest.approx(0.05 * len(failures))

@@ -397,6 +397,28 @@ def test_unended_task_starts_are_the_last_runs_cut_attempts(tmp_path: Path) -> N
     assert list(cut) == ["001"] and cut["001"]["worker"] == "w1"
 
 
+def test_earlier_planner_spend_sums_the_planners_of_runs_before_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "c.jsonl"
+    assert ev.earlier_planner_spend_usd(path) == 0.0
+    with ev.EventLog(path, "c") as log:
+        log.emit("RUN_START")
+        log.emit("PLAN_DECISION", decision="CLARIFY", tool="claude_planner", total_cost_usd=0.25)
+        log.emit("TOOL_FAILURE", tool="claude_planner", error_type="stalled",
+                 details={"agent_cost": {"total_cost_usd": 0.5}})  # paid, no answer
+        log.emit("TOOL_FAILURE", tool="claude_builder", error_type="task_failed",
+                 details={"agent_cost": {"total_cost_usd": 9.0}})  # a build: its workspace row counts it
+        log.emit("PLAN_DECISION", decision="PROCEED", tool="load_plan")  # no cost
+        log.emit("RUN_START")
+        log.emit("PLAN_DECISION", state="CASCADE", decision="PROCEED", tool="claude_planner",
+                 total_cost_usd=0.125)
+        log.emit("RUN_START")  # the current run: what it spends is added as it happens
+        log.emit("PLAN_DECISION", decision="PROCEED", tool="claude_planner", total_cost_usd=7.0)
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write('{"event":"PLAN_DECISION","total_cost_usd":1e308}\n')  # not an event's shape: a torn
+        handle.write('{"event":"PLAN_DECISION","total_cost_usd":')          # last line and garbage count 0
+    assert ev.earlier_planner_spend_usd(path) == 0.875
+
+
 def test_a_run_that_wrote_its_end_cut_nothing_and_odd_lines_are_skipped(tmp_path: Path) -> None:
     path = tmp_path / "c.jsonl"
     with ev.EventLog(path, "c") as log:

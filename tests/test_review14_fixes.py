@@ -211,6 +211,10 @@ def test_cascade_replans_with_the_claude_planner(tmp_path: Path, monkeypatch) ->
     calls = [(e["state"], e["tool"], e["intent"]) for e in events if e["event"] == "TOOL_CALL"
              and e["tool"].endswith("_planner")]
     assert calls == [("CASCADE", "claude_planner", "replan_campaign")]
+    # the re-plan's decision and cost are logged as PLAN's are (a resume seeds the spend from them)
+    decision = next(e for e in events if e["event"] == "PLAN_DECISION" and e["state"] == "CASCADE")
+    assert decision["decision"] == "PROCEED" and decision["tool"] == "claude_planner"
+    assert decision["total_cost_usd"] > 0
     runs = [json.loads(line) for line in (tmp_path / "argv" / "argv.jsonl").read_text().splitlines()]
     assert [r["slug"] for r in runs] == ["planner", "planned"]
 

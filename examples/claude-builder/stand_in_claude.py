@@ -23,7 +23,7 @@ Scenario per task: ``FTL_STAND_IN_SCENARIOS`` is a JSON object ``{slug: scenario
 
 As a planner (the prompt holds ``{"mode", "objective", ...}``; scenario key ``planner``):
 ``plan`` (default) answers a one-task plan; ``clarify_once`` first asks a question
-(Confidence: CLARIFY), then plans.
+(Confidence: CLARIFY), then plans; ``max_turns`` runs out of turns (paid, no answer).
 
 ``FTL_STAND_IN_WORK_S`` (default 0): seconds a successful run spends "working";
 ``FTL_STAND_IN_RESET_S`` (default 2): how far ahead the usage limit resets.
@@ -157,7 +157,7 @@ def main() -> int:
            "permissionMode": _flag(argv, "--permission-mode") or "default",
            "claude_code_version": "2.1.329"})
     first = runs == 1
-    if planning:
+    if planning and scenario != "max_turns":
         return _plan(session, workspace, clarify=scenario == "clarify_once" and first)
     if scenario == "not_logged_in":
         _emit(_assistant(session, "Not logged in · Please run /login", error="authentication_failed"))

@@ -87,6 +87,9 @@ class Tracked:
     stuck_count: int = 0
     replan_count: int = 0
     error_count: int = 0
+    # The error whose route went to OBSERVE ({error_type, message}): the run then ends in
+    # COMPLETE, which must not call that a success (states/complete.py).
+    observed_error: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -99,7 +99,14 @@ def classify_command(result: dict[str, Any], *, what: str, seq: str | None = Non
         return FtlError("timeout", details)
     agent_kind = result.get("error_type")
     if agent_kind and agent_kind != "task_failed":  # a bare exit status is classified below
-        return FtlError(str(agent_kind), details, retry_after_ms=result.get("retry_after_ms"))
+        message = None
+        if seq is None and agent_kind == "budget_exhausted":  # no task: say whose budget
+            from ftl.sanitize import redact_paths, scrub_all
+
+            reason = redact_paths(scrub_all(str(result.get("reason") or "no turns left")))[:300]
+            message = f"The {what} step used up its budget: {reason}."
+        return FtlError(str(agent_kind), details, retry_after_ms=result.get("retry_after_ms"),
+                        message=message)
     for pattern, error_type in _STRUCTURAL_MARKERS:
         found = pattern.search(output)
         if found:
