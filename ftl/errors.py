@@ -191,7 +191,9 @@ _ROWS: tuple[ErrorKind, ...] = (
          as_tool_result=True),
     _row("budget_exhausted", S, Route.OBSERVE, "derivation_limit_exceeded", -32067,
          ("authorization", "QUOTA_EXCEEDED"), "Task {seq} used up its budget.",
-         "Raise the task's budget or split it into smaller tasks.", ("seq", "budget")),
+         "Raise the task's budget or split it into smaller tasks; a Claude Code run out of "
+         "turns: raise max_turns (planner_max_turns for the planner) in [claude].",
+         ("seq", "budget")),
     _row("verify_failed", S, Route.BLOCK_TASK, "execution_failed", -32068,
          ("validation", "VERIFICATION_FAILED"), "Task {seq}'s verify command failed (exit {exit_code}).",
          "Read the verify output in the workspace record; fix the code or the verify command.",
