@@ -416,3 +416,38 @@ def test_replan_with_a_partial_revised_plan_recovers_the_campaign(tmp_path: Path
     entries = [e["state"] for e in events if e["event"] == "STATE_ENTRY"]
     assert entries.count("EXECUTE") == 2
     assert replay(sorted((repo / ".ftl" / "events").glob("*.jsonl"))).violations == []
+
+
+def test_a_crash_as_the_campaign_is_marked_finished_leaves_no_worktree_and_resume_ends_it(
+        tmp_path: Path, monkeypatch) -> None:
+    # A kill between "campaign finished" and the cleanup of its worktrees used to leave task
+    # worktrees and branches that no resume would touch (resume saw no active campaign).
+    from ftl.engine.runner import connect_in_process
+
+    repo = git_repo(tmp_path / "repo")
+    plan = {"objective": "finish window", "tasks": [
+        {"seq": f"00{n}", "slug": f"t{n}", "type": "BUILD", "delta": [f"f{n}.txt"],
+         "run": f"echo {n} > f{n}.txt", "verify": "true", "budget": 1,
+         "depends": "none" if n == 1 else ["001"]} for n in (1, 2, 3)]}
+    real = Store.finish_campaign
+
+    def crash(self: Store, *args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt  # stands for the kill: nothing after this line runs
+
+    monkeypatch.setattr(Store, "finish_campaign", crash)
+    with Runner(repo, Config(jobs=2), client_factory=connect_in_process) as runner:
+        runner.start("finish window", plan_input=plan)
+    worktrees = subprocess.run(["git", "worktree", "list", "--porcelain"], cwd=repo, check=True,
+                               capture_output=True, text=True).stdout
+    assert worktrees.count("worktree ") == 1  # only the main checkout
+    branches = subprocess.run(["git", "for-each-ref", "--format=%(refname)", "refs/heads/ftl"], cwd=repo,
+                              check=True, capture_output=True, text=True).stdout.split()
+    assert not any("/task/" in branch for branch in branches), branches
+    monkeypatch.setattr(Store, "finish_campaign", real)
+    with Runner(repo, Config(jobs=2), client_factory=connect_in_process) as runner:
+        resumed = runner.resume()  # the campaign is still active: the resume finishes it
+    assert resumed.outcome == "complete" and resumed.exit_code == 0
+    with Runner(repo, Config(jobs=2), client_factory=connect_in_process) as runner:
+        with pytest.raises(FtlError) as nothing:  # and says so when asked again
+            runner.resume()
+    assert nothing.value.error_type == "conflict" and "is complete, not active" in nothing.value.message

@@ -394,6 +394,12 @@ class Runner:
                 started = self._start_from_intent()
                 if started is not None:
                     return started
+                latest = self.store.latest_campaign()
+                if latest is not None:  # say what there is, not "not found"
+                    raise FtlError("conflict", {"what": (
+                        f"campaign {latest['id']} is {latest['status']}, not active; nothing to "
+                        "resume (`ftl campaign status` shows it; `ftl campaign run` starts a new "
+                        "one)")})
                 raise FtlError("not_found", {"what": "an active campaign to resume"})
             if campaign["status"] != "active":
                 raise FtlError("conflict", {"what": f"campaign {campaign['id']} is {campaign['status']}, "
@@ -739,15 +745,18 @@ class Runner:
             if isinstance(finish.summary.get("message"), str):
                 finish.summary["message"] += (f"\nThe campaign's work is on branch {branch}; take it "
                                               f"with `ftl campaign land` or `git merge {branch}`.")
-        self._end(run, outcome=finish.outcome, exit_code=finish.exit_code)
-        self.store.finish_campaign(run.campaign_id, status, finish.summary)
-        if run.cluster is not None:
-            run.cluster.forget(run.campaign_id)
+        # Worktrees and task branches go before the campaign is marked finished: a kill in
+        # between leaves an active campaign whose resume cleans up again (idempotent), never a
+        # finished one with leftovers that no resume would touch.
         if run.worktrees is not None:
             kept = run.worktrees.finish()
             if kept:
                 _LOG.info("campaign %s: task branches kept (not integrated): %s", run.campaign_id,
                           ", ".join(kept))
+        self._end(run, outcome=finish.outcome, exit_code=finish.exit_code)
+        self.store.finish_campaign(run.campaign_id, status, finish.summary)
+        if run.cluster is not None:
+            run.cluster.forget(run.campaign_id)
         return RunResult(run.campaign_id, finish.outcome, finish.exit_code, finish.summary,
                          run.log.path)
 
