@@ -38,7 +38,8 @@ from ftl.manglecp.facts import validate_facts  # noqa: E402
 from ftl.manglecp.messages import envelope  # noqa: E402
 from ftl.manglecp.transport import StdioTransport  # noqa: E402
 from ftl.server.app import build_server  # noqa: E402
-from ftl.server.evaluator import _Program, fact_symbol  # noqa: E402
+from ftl.server.evaluation.program import Program  # noqa: E402
+from ftl.server.evaluation.symbols import fact_symbol  # noqa: E402
 
 INTENT = "build_task"
 EVAL_TIME_MS = 1_771_511_400_000
@@ -104,7 +105,7 @@ def main() -> None:
     stdio = StdioTransport([sys.executable, "-m", "ftl.server.serve", "--stdio", "--repo", str(repo),
                             "--config-json", config.model_dump_json()])
     evaluator = server.evaluator
-    program = _Program(evaluator.rule_texts, evaluator.server_facts, evaluator.hidden_predicates)
+    program = Program(evaluator.rule_texts, evaluator.server_facts, evaluator.hidden_predicates)
     results = []
     try:
         while stdio.manifest()["payload"]["status"] == "booting":

@@ -187,7 +187,8 @@ def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> N
     from ftl.manglecp.facts import validate_facts
     from ftl.manglecp.transport import StdioTransport
     from ftl.server.app import _server_env, build_server
-    from ftl.server.evaluator import _Program, fact_symbol
+    from ftl.server.evaluation.program import Program
+    from ftl.server.evaluation.symbols import fact_symbol
 
     with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
         config = Config()
@@ -195,7 +196,7 @@ def evaluation(report: Report, facts_count: int = 10_000, repeat: int = 15) -> N
         stdio = StdioTransport([PY, "-m", "ftl.server.serve", "--stdio", "--repo", tmp,
                                 "--config-json", config.model_dump_json()], env={**_server_env(), **bench_env()})
         evaluator = server.evaluator
-        program = _Program(evaluator.rule_texts, evaluator.server_facts, evaluator.hidden_predicates)
+        program = Program(evaluator.rule_texts, evaluator.server_facts, evaluator.hidden_predicates)
         try:
             facts = make_facts(facts_count)
             check(server.handle(request(facts, 0))[-1])

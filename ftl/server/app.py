@@ -26,7 +26,8 @@ from ftl.manglecp.messages import PredicateSchema
 from ftl.manglecp.server import ManglecpServer
 from ftl.server.catalog import (
     DELTA_PREDICATES, SKILLS, TOOL_SPECS, build_catalog, catalog_facts, configured_capabilities)
-from ftl.server.evaluator import RULES_DIR, ClingoEvaluator
+from ftl.server.evaluation.program import RULES_DIR
+from ftl.server.evaluation.workers import ClingoEvaluator
 
 if TYPE_CHECKING:  # the client is imported by `connect`, not by a server that boots
     from ftl.manglecp.client import ManglecpClient

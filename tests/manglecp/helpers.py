@@ -11,7 +11,7 @@ from ftl.manglecp.definitions import (
     BoundContext, InvocationContext, InvocationOutcome, ServerInfo, ServerLimits, Skill, ToolDefinition)
 from ftl.manglecp.messages import PredicateSchema, envelope
 from ftl.manglecp.server import ManglecpServer
-from ftl.server.evaluator import ClingoEvaluator
+from ftl.server.evaluation.workers import ClingoEvaluator
 
 FIXTURE_RULES = (Path(__file__).with_name("rules") / "fixture.lp",)
 FIXTURE_TOOLS = ("mandatory_tool", "prohibited_tool", "pair_a", "pair_b", "dependent_tool", "helper_tool",

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from ftl.manglecp.definitions import EvaluationInput, ServerLimits
 from ftl.manglecp.facts import NormalFact
-from ftl.server.evaluator import to_symbol
+from ftl.server.evaluation.symbols import to_symbol
 
 from .helpers import final, intent, make_server, tools_by_name
 

@@ -116,7 +116,8 @@ def test_53_predicate_schemas_cover_every_input_predicate_the_rules_read(tmp_pat
 
     from ftl.config import Config
     from ftl.server.app import DOMAIN_RULES, build_server
-    from ftl.server.evaluator import PHASE_RULES, PIPELINE_PREDICATES, RESERVED, instrument
+    from ftl.server.evaluation.program import PHASE_RULES, instrument
+    from ftl.server.evaluation.symbols import PIPELINE_PREDICATES, RESERVED
 
     server = build_server(tmp_path, Config(agent_command=["a"], planner_command=["p"]), isolation="thread")
     try:
