@@ -223,26 +223,33 @@ def unended_task_starts(path: Path) -> dict[str, dict[str, Any]]:
     byte search per line; an unreadable line is skipped as in `read_events`.
     """
     found: dict[str, dict[str, Any]] = {}
+    for event in _scan(path, _TASK_MARKERS):
+        kind, seq = event.get("event"), event.get("task_seq")
+        if kind in (RUN_START, RUN_END):
+            found.clear()
+        elif kind == TASK_START and seq is not None:
+            found[str(seq)] = event
+        elif kind == TASK_END and seq is not None:
+            found.pop(str(seq), None)
+    return found
+
+
+def _scan(path: Path, markers: tuple[bytes, ...]) -> Iterator[dict[str, Any]]:
+    """The events of the log at ``path`` (none when it is absent) whose line holds one of
+    ``markers``: only those lines are parsed, a byte search each for the rest; an unreadable
+    line is skipped as in `read_events`."""
     if not path.exists():
-        return found
+        return
     with open(path, "rb") as handle:
         for raw in handle:
-            if not any(marker in raw for marker in _TASK_MARKERS):
+            if not any(marker in raw for marker in markers):
                 continue
             try:
                 event = json.loads(raw)
             except (ValueError, RecursionError):
                 continue
-            if not isinstance(event, dict):
-                continue
-            kind, seq = event.get("event"), event.get("task_seq")
-            if kind in (RUN_START, RUN_END):
-                found.clear()
-            elif kind == TASK_START and seq is not None:
-                found[str(seq)] = event
-            elif kind == TASK_END and seq is not None:
-                found.pop(str(seq), None)
-    return found
+            if isinstance(event, dict):
+                yield event
 
 
 _SPEND_MARKERS = (b'"event":"RUN_START"', b'"event":"PLAN_DECISION"', b'"event":"TOOL_FAILURE"')
@@ -258,30 +265,19 @@ def earlier_planner_spend_usd(path: Path) -> float:
     workspace rows. 0.0 when the file is absent. Scans like `unended_task_starts`.
     """
     earlier = current = 0.0
-    if not path.exists():
-        return earlier
-    with open(path, "rb") as handle:
-        for raw in handle:
-            if not any(marker in raw for marker in _SPEND_MARKERS):
-                continue
-            try:
-                event = json.loads(raw)
-            except (ValueError, RecursionError):
-                continue
-            if not isinstance(event, dict):
-                continue
-            kind = event.get("event")
-            if kind == RUN_START:
-                earlier, current = earlier + current, 0.0
-                continue
-            cost: Any = event.get("total_cost_usd")
-            if kind == TOOL_FAILURE:
-                details = event.get("details")
-                paid = details.get("agent_cost") if isinstance(details, dict) else None
-                cost = (paid.get("total_cost_usd") if isinstance(paid, dict)
-                        and event.get("tool") in PLANNER_TOOLS else None)
-            if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 < cost < float("inf"):
-                current += float(cost)
+    for event in _scan(path, _SPEND_MARKERS):
+        kind = event.get("event")
+        if kind == RUN_START:
+            earlier, current = earlier + current, 0.0
+            continue
+        cost: Any = event.get("total_cost_usd")
+        if kind == TOOL_FAILURE:
+            details = event.get("details")
+            paid = details.get("agent_cost") if isinstance(details, dict) else None
+            cost = (paid.get("total_cost_usd") if isinstance(paid, dict)
+                    and event.get("tool") in PLANNER_TOOLS else None)
+        if isinstance(cost, (int, float)) and not isinstance(cost, bool) and 0 < cost < float("inf"):
+            current += float(cost)
     return earlier
 
 
