@@ -339,15 +339,44 @@ class EventLog:
                 "event": event, "state": state if state is not None else self.state,
                 **scrub_value(fields),
             }
-            self._writer.write(record)
-            if self._fsync:
-                os.fsync(self._file.fileno())
+            start = os.fstat(self._file.fileno()).st_size  # the only writer: the line's offset
+            try:
+                self._writer.write(record)
+                if self._fsync:
+                    os.fsync(self._file.fileno())
+            except BaseException:
+                self._seq -= 1
+                self._drop_partial_line(start)
+                raise
         for listener in self._listeners:
             try:
                 listener(record)
             except Exception:  # a broken progress view must never stop a campaign
                 pass
         return record
+
+    def _drop_partial_line(self, start: int) -> None:
+        """After a failed write (disk full, a file size limit): cut the file back to ``start``,
+        where the failed line began, and reopen it, so the next event starts a line of its own
+        instead of being glued to half of this one and lost with it (the log is write-ahead).
+        The old file object's unwritten bytes (the rest of the failed line) go to /dev/null, not
+        after a later line. What cannot be cut now is cut when the log is next opened."""
+        old = self._file
+        try:
+            null = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(null, old.fileno())
+            finally:
+                os.close(null)
+            old.close()
+        except (OSError, ValueError):
+            pass
+        try:
+            os.truncate(self.path, start)
+        except OSError:
+            pass
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._writer = jsonlines.Writer(self._file, flush=True, dumps=_DUMPS)
 
     def close(self) -> None:
         with self._lock:

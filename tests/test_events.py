@@ -436,3 +436,38 @@ def test_a_timestamp_without_its_offset_is_not_read_as_one() -> None:
     assert ev.parse_ts("2026-01-01T00:00:01") is None
     assert ev.ms_between("2026-01-01T00:00:01", "2026-01-01T00:00:02Z") is None
     assert ev.ms_between("2026-01-01T00:00:01Z", "2026-01-01T00:00:02.5+00:00") == 1500
+
+
+_FULL_DISK = r"""
+import resource, signal, sys
+from pathlib import Path
+from ftl.events import EventLog, read_events, ReadReport
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+path = Path(sys.argv[1])
+log = EventLog(path, "c")
+log.emit("RUN_START")
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (path.stat().st_size + 100, hard))  # a full disk
+try:
+    log.emit("TOOL_CALL", blob="x" * 10000)
+except OSError:
+    print("refused")
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+log.emit("TASK_END", task_seq="001")
+log.emit("TASK_END", task_seq="002")
+log.close()
+report = ReadReport()
+print([(e["seq"], e["event"], e.get("task_seq")) for e in read_events(path, report)], report.invalid_lines)
+"""
+
+
+def test_a_failed_write_loses_no_later_event(tmp_path: Path) -> None:
+    # Half a line used to stay in the file: the next event was glued to it and lost with it.
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _FULL_DISK, str(tmp_path / "c.jsonl")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "refused", "[(1, 'RUN_START', None), (2, 'TASK_END', '001'), (3, 'TASK_END', '002')] []"]

@@ -213,3 +213,94 @@ def test_counted_path_counts_duplicate_facts_once(ftl_program):
     ftl_program._symbols.clear()  # duplicates that are all cache misses
     fresh = ftl_program.run({**request, "facts": facts + facts})
     assert once == twice == fresh
+
+
+# --------------------------------------------------------------------------- isolation under limits
+
+def _diag(**kwargs) -> EvaluationInput:
+    return EvaluationInput("diag", {}, (), 0, 1000, kwargs.pop("max_compute_ms", 2000), **kwargs)
+
+
+def test_a_thread_timeout_does_not_stall_later_evaluations():
+    # The abandoned grounding thread keeps its program and lock; later requests get fresh ones
+    # (before: each of them waited for the lock until its own clock ran out, thread by thread).
+    import time
+
+    from ftl.manglecp.messages import ProtocolError
+
+    from .helpers import make_evaluator
+
+    evaluator = make_evaluator("thread")
+    with pytest.raises(ProtocolError) as slow:
+        evaluator.evaluate(EvaluationInput("slow", {}, (), 0, 10**9, 200))
+    assert slow.value.code == "evaluation_timeout"
+    for _ in range(3):
+        started = time.monotonic()
+        assert evaluator.evaluate(_diag()).selections
+        assert time.monotonic() - started < 1.5
+    assert sum(thread.name == "ftl-eval" for thread in threading.enumerate()) <= 1
+
+
+def test_a_request_waiting_for_a_busy_worker_keeps_its_cancel_and_limit():
+    import time
+
+    from ftl.manglecp.messages import ProtocolError
+    from ftl.server.evaluation.workers import ClingoEvaluator
+
+    from .helpers import FIXTURE_RULES, FIXTURE_TOOLS
+
+    evaluator = ClingoEvaluator(FIXTURE_RULES, [("tool", [n]) for n in FIXTURE_TOOLS],
+                                isolation="process", workers=1)
+    try:
+        evaluator.warm()
+        hog = threading.Thread(target=lambda: pytest.raises(
+            ProtocolError, evaluator.evaluate, EvaluationInput("slow", {}, (), 0, 10**9, 3000)))
+        hog.start()
+        time.sleep(0.3)  # the only worker is busy
+        cancel = threading.Event()
+        cancel.set()
+        started = time.monotonic()
+        with pytest.raises(ProtocolError) as cancelled:
+            evaluator.evaluate(_diag(cancel=cancel))
+        assert cancelled.value.code == "cancelled" and time.monotonic() - started < 1.0
+        with pytest.raises(ProtocolError) as late:
+            evaluator.evaluate(_diag(max_compute_ms=300))
+        assert late.value.code == "evaluation_timeout" and time.monotonic() - started < 2.0
+        hog.join(10)
+    finally:
+        evaluator.close()
+
+
+def test_a_worker_that_died_idle_is_replaced_not_reported_as_out_of_memory():
+    import os
+    import signal
+    import time
+
+    from .helpers import make_evaluator
+
+    evaluator = make_evaluator("process")
+    try:
+        evaluator.warm()
+        os.kill(evaluator._idle[0].process.pid, signal.SIGKILL)
+        time.sleep(0.2)
+        assert evaluator.evaluate(_diag()).selections  # before: derivation_limit_exceeded
+    finally:
+        evaluator.close()
+
+
+def test_a_worker_that_cannot_start_is_evaluation_failed_and_leaks_no_descriptor(monkeypatch):
+    import os
+
+    from ftl.manglecp.messages import ProtocolError
+    from ftl.server.evaluation import workers
+
+    from .helpers import make_evaluator
+
+    evaluator = make_evaluator("process")
+    monkeypatch.setattr(workers.sys, "executable", "/nonexistent/python")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(ProtocolError) as failed:
+            evaluator.evaluate(_diag())
+        assert failed.value.code == "evaluation_failed"
+    assert len(os.listdir("/proc/self/fd")) == before and evaluator._count == 0

@@ -206,9 +206,10 @@ class Program:
         assert self._instrumented is not None
         return self._instrumented[1]
 
-    def _client_symbols(self, facts: Sequence[tuple[str, Sequence[Any], Any]],
-                        eval_time_ms: int) -> list[clingo.Symbol]:
-        """The symbols of ``facts`` (``[(pred, args, t)]``), in order.
+    def _client_symbols(self, facts: Sequence[tuple[str, Sequence[Any], Any]], eval_time_ms: int
+                        ) -> tuple[list[clingo.Symbol], list[tuple[str, tuple[Any, ...]]] | None]:
+        """The symbols of ``facts`` (``[(pred, args, t)]``), in order, and their cache keys
+        (None when a fact is temporal or not plain: keys would not tell its symbol apart).
 
         A fact without ``t`` whose arguments are strings and integers maps to the same symbol
         in every request, so its symbol is kept (``_SYMBOL_CACHE_SIZE`` at most, then the cache

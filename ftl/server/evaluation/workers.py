@@ -57,9 +57,11 @@ class ClingoEvaluator:
         server_facts: server base facts ``[(pred, [args...])]`` (catalog and configuration).
         phase_rules: the pipeline files (default: ``rules/phase*.lp``).
         isolation: ``"process"`` (default): evaluations run in worker processes that are
-            killed on timeout, cancel or memory overrun. ``"thread"``: in-process, for tests and
-            tools; a timeout abandons the evaluation thread (clingo grounding cannot be
-            interrupted), so use it only with trusted, terminating rules.
+            killed on timeout, cancel or memory overrun. ``"thread"``: in this process, one
+            evaluation at a time; a timeout or cancel abandons the evaluation thread (clingo
+            grounding cannot be interrupted) together with the parsed program it uses, and
+            later evaluations get a program parsed afresh, so they never wait behind it. The
+            abandoned thread still runs to its end: use it only with terminating rules.
         workers: maximum concurrent worker processes.
         memory_limit_bytes: address-space cap per worker (RLIMIT_AS), or None.
         hidden_predicates: policy predicates never named in proof hints or rule coverage.
@@ -87,8 +89,10 @@ class ClingoEvaluator:
         self._program: Program | None = None
         # Thread isolation shares one parsed program (clingo AST objects and the static closure
         # cache); concurrent use of them from several threads crashed a child process (SIGSEGV)
-        # once in CI, so evaluations in this mode run one at a time.
+        # once in CI, so evaluations in this mode run one at a time: under this lock, which
+        # belongs to the program (an abandoned evaluation keeps both, see `_abandon`).
         self._thread_eval_lock = threading.Lock()
+        self._swap = threading.Lock()  # guards replacing the program and its lock
         if isolation == "thread":
             try:
                 self._program = Program(self.rule_texts, self.server_facts, self.hidden_predicates)
@@ -163,22 +167,54 @@ class ClingoEvaluator:
 
     def _run_thread(self, plain: dict, timeout_s: float | None, cancel: threading.Event | None,
                     limit_ms: int | None) -> dict[str, Any]:
-        assert self._program is not None
+        started = time.monotonic()
+        with self._swap:
+            program, lock = self._program, self._thread_eval_lock
+        assert program is not None
+        while not lock.acquire(timeout=_POLL_S):  # one at a time, within this request's limits
+            _check(cancel, timeout_s, limit_ms, started)
+        try:
+            _check(cancel, timeout_s, limit_ms, started)  # cancelled meanwhile: do not start
+        except ProtocolError:
+            lock.release()
+            raise
         box: dict[str, Any] = {}
+
         def evaluate() -> None:
-            with self._thread_eval_lock:
-                box.update(run_safely(self._program, plain))
+            try:
+                box.update(run_safely(program, plain))
+            finally:
+                lock.release()
 
         thread = threading.Thread(target=evaluate, name="ftl-eval", daemon=True)
-        started = time.monotonic()
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:
+            lock.release()
+            raise
         while thread.is_alive():
             thread.join(_POLL_S)
-            if cancel is not None and cancel.is_set():
-                raise ProtocolError("cancelled", "The evaluation was cancelled.")
-            if timeout_s is not None and time.monotonic() - started > timeout_s:
-                raise _timeout(limit_ms, started)
+            try:
+                _check(cancel, timeout_s, limit_ms, started)
+            except ProtocolError:
+                if thread.is_alive():
+                    self._abandon(program)
+                    raise
         return box
+
+    def _abandon(self, program: Program) -> None:
+        """Leave ``program`` and its lock to the evaluation thread still using it (a timeout or
+        cancel: grounding cannot be interrupted) and parse the rules again for later requests.
+        Parsing cost is paid once per abandoned evaluation; a failure keeps the old program."""
+        with self._swap:
+            if self._program is not program:
+                return  # another request replaced it already
+            try:
+                fresh = Program(self.rule_texts, self.server_facts, self.hidden_predicates)
+            except RuntimeError:  # it loaded before; should it not now, queue behind the old one
+                log.exception("the selection rules could not be parsed again after a timeout")
+                return
+            self._program, self._thread_eval_lock = fresh, threading.Lock()
 
     # -- process isolation ---------------------------------------------------------------------
 
@@ -195,6 +231,11 @@ class ClingoEvaluator:
                  str(from_child_w)],
                 pass_fds=(to_child_r, from_child_w), stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, close_fds=True, env=_worker_env())
+        except OSError as exc:  # no interpreter, no fds, no memory: our ends go too
+            os.close(to_child_w)
+            os.close(from_child_r)
+            log.error("evaluation worker could not start: %s", exc)
+            raise ProtocolError("evaluation_failed", "The evaluation worker could not start.") from None
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -213,18 +254,27 @@ class ClingoEvaluator:
             raise ProtocolError("evaluation_failed", "The selection rules do not load.")
         return worker
 
-    def _acquire(self) -> _Worker:
+    def _acquire(self, cancel: threading.Event | None = None, timeout_s: float | None = None,
+                 limit_ms: int | None = None, started: float | None = None) -> _Worker:
+        """An idle live worker, else a new one while fewer than ``workers`` exist, else wait:
+        within the request's own time limit and cancel (``started``: when its clock began)."""
+        started = time.monotonic() if started is None else started
         with self._cond:
             while True:
                 if self._closed:
                     raise ProtocolError("server_not_ready", "The evaluator is shut down.",
                                         {"status": "draining"})
-                if self._idle:
-                    return self._idle.pop()
+                while self._idle:
+                    worker = self._idle.pop()
+                    if worker.process.poll() is None:
+                        return worker
+                    worker.kill()  # died while idle (killed, OOM): never hand it a request
+                    self._count -= 1
                 if self._count < self.workers:
                     self._count += 1
                     break
-                self._cond.wait()
+                _check(cancel, timeout_s, limit_ms, started)
+                self._cond.wait(_POLL_S)
         try:
             return self._spawn()
         except BaseException:
@@ -245,15 +295,18 @@ class ClingoEvaluator:
 
     def _run_process(self, plain: dict, timeout_s: float | None, cancel: threading.Event | None,
                      limit_ms: int | None) -> dict[str, Any]:
-        worker = self._acquire()
-        started = time.monotonic()
+        started = time.monotonic()  # the wait for a worker counts against the request's limit
+        worker = self._acquire(cancel, timeout_s, limit_ms, started)
         try:
-            worker.send_conn.send(plain)
+            try:
+                worker.send_conn.send(plain)
+            except OSError:  # it died between the check and the send: one fresh worker
+                worker.kill()
+                self._release(None)
+                worker = self._acquire(cancel, timeout_s, limit_ms, started)
+                worker.send_conn.send(plain)
             while not worker.recv_conn.poll(_POLL_S):
-                if cancel is not None and cancel.is_set():
-                    raise ProtocolError("cancelled", "The evaluation was cancelled.")
-                if timeout_s is not None and time.monotonic() - started > timeout_s:
-                    raise _timeout(limit_ms, started)
+                _check(cancel, timeout_s, limit_ms, started)
                 if worker.process.poll() is not None:
                     raise EOFError("worker exited")
             answer = worker.recv_conn.recv()
@@ -276,6 +329,16 @@ def _worker_env() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[3])
     env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+def _check(cancel: threading.Event | None, timeout_s: float | None, limit_ms: int | None,
+           started: float) -> None:
+    """Raise ProtocolError(cancelled) or (evaluation_timeout) when the request is cancelled or
+    past its limit (``timeout_s`` from ``started``, monotonic s)."""
+    if cancel is not None and cancel.is_set():
+        raise ProtocolError("cancelled", "The evaluation was cancelled.")
+    if timeout_s is not None and time.monotonic() - started > timeout_s:
+        raise _timeout(limit_ms, started)
 
 
 def _timeout(limit_ms: int | None, started: float) -> ProtocolError:
