@@ -179,6 +179,8 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     verify result)``, or the task's outcome when it blocked or was cancelled."""
     seq = task.seq
     build_result: dict[str, Any] = dict(built or {})
+    if built is not None:  # an earlier attempt's build: its agent cost is counted on that attempt
+        build_result["reused_build"] = True
     builder = _builder_for(run, task)
     claude = _ClaudeTries(run, seq, cancel, spent) if builder == "claude_builder" else None
     if built is None:

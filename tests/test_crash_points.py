@@ -274,8 +274,12 @@ def test_kill_right_after_a_reused_build_is_recorded_keeps_the_checkpoint(tmp_pa
     assert result.outcome == "complete", result.summary
     assert marker_lines(repo, "001") == 1
     with Store.for_repo(repo) as store:
-        statuses = [w["status"] for w in store.workspaces(result.campaign_id, "001")]
-    assert statuses == ["built", "built", "complete"]
+        rows = store.workspaces(result.campaign_id, "001")
+    assert [w["status"] for w in rows] == ["built", "built", "complete"]
+    # the build that ran is the first row's; the others carry it as reused, so an agent's
+    # cost on it is counted once (status, the spend limit)
+    assert not rows[0]["result"].get("reused_build")
+    assert rows[1]["result"]["reused_build"] and rows[2]["result"]["build"]["reused_build"]
     assert replay(logs(repo)).violations == []
 
 

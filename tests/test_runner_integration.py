@@ -451,3 +451,23 @@ def test_a_crash_as_the_campaign_is_marked_finished_leaves_no_worktree_and_resum
         with pytest.raises(FtlError) as nothing:  # and says so when asked again
             runner.resume()
     assert nothing.value.error_type == "conflict" and "is complete, not active" in nothing.value.message
+
+
+def test_a_campaign_started_from_its_intent_keeps_the_runs_isolation(tmp_path: Path) -> None:
+    # `ftl campaign run --isolation shared` killed before it recorded its campaign: the resume
+    # starts it from the intent, in the shared checkout it asked for (it used to take the
+    # resume's own setting: a worktree in a git repository).
+    from ftl.engine.intent import write_intent
+    from ftl.engine.runner import connect_in_process
+
+    repo = git_repo(tmp_path / "repo")
+    plan = {"objective": "shared by request", "tasks": [
+        {"seq": "001", "slug": "a", "type": "BUILD", "delta": ["a.txt"], "run": "echo a > a.txt",
+         "verify": "test -f a.txt", "budget": 1, "depends": "none"}]}
+    assert write_intent(repo, {"objective": None, "plan": plan, "revised_plan": None,
+                               "flow": "campaign", "isolation": "shared"})
+    with Runner(repo, Config(), client_factory=connect_in_process) as runner:
+        result = runner.resume()
+        campaign = runner.store.get_campaign(result.campaign_id)
+    assert result.outcome == "complete" and campaign["inputs"]["isolation"] == "shared"
+    assert (repo / "a.txt").read_text() == "a\n"  # built in the checkout, not in a worktree

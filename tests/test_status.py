@@ -159,3 +159,17 @@ def test_a_returned_campaign_says_why_and_offers_no_empty_branch(tmp_path: Path)
     text = CliRunner().invoke(main, ["campaign", "status", "--repo", str(tmp_path)]).output
     assert f"  {message}" in text.splitlines()
     assert "work on branch" not in text  # nothing was integrated: nothing to land
+
+
+def test_agent_spend_counts_a_reused_build_once() -> None:
+    # A resume that verifies a build finished before the crash copies its result (cost
+    # included) into the new attempt: the run was paid once.
+    from ftl.engine.status import agent_spend
+
+    paid = {"total_cost_usd": 0.02, "num_turns": 3}
+    rows = [{"seq": "001", "result": paid},                                           # built, then a kill
+            {"seq": "001", "result": {**paid, "reused_build": True}},                 # the resume's row
+            {"seq": "001", "result": {"build": {**paid, "reused_build": True}, "verify": {}}},
+            {"seq": "002", "result": {"build": {"total_cost_usd": 0.01, "num_turns": 1}}}]
+    assert agent_spend(rows) == {"001": {"cost_usd": 0.02, "num_turns": 3},
+                                 "002": {"cost_usd": 0.01, "num_turns": 1}}

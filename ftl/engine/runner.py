@@ -343,9 +343,10 @@ class Runner:
 
     def _start_locked(self, objective: str, plan_input: dict[str, Any] | None, flow: Flow,
                       revised_plan_input: dict[str, Any] | None,
-                      intent: Path | None) -> RunResult:
-        """Start with the run lock held (by `start`, or by `resume` from an intent)."""
-        isolation, notice = decide_isolation(self.config.isolation, self.repo)
+                      intent: Path | None, isolation_setting: str | None = None) -> RunResult:
+        """Start with the run lock held (by `start`, or by `resume` from an intent, with the
+        ``--isolation`` the interrupted `ftl campaign run` was given, if any)."""
+        isolation, notice = decide_isolation(isolation_setting or self.config.isolation, self.repo)
         # Intent first (issue "crash safety", item 2): the campaign with every input, and
         # RUN_START, are written before anything slow (the tool server's boot, EXPLORE), so a
         # kill from the first second on leaves a campaign that `resume` continues.
@@ -473,8 +474,10 @@ class Runner:
         except BaseException:
             discard_intent(path)
             raise
+        setting = intent.get("isolation")  # the run's --isolation: the campaign it asked for
         return self._start_locked(objective, plan_input, Flow(intent.get("flow") or "campaign"),
-                                  revised, path)
+                                  revised, path,
+                                  setting if setting in ("auto", "worktree", "shared") else None)
 
     @contextlib.contextmanager
     def _driving(self, campaign_id: str | None) -> Iterator[None]:

@@ -79,11 +79,15 @@ def campaign_status(repo: Path, campaign_id: str | None = None) -> dict[str, Any
 def agent_spend(workspaces: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per task seq, the agent builds' ``cost_usd`` (USD) and ``num_turns`` summed over its
     attempts, read from each workspace's stored build result (``total_cost_usd``, issue 12);
-    tasks built without an agent that reports cost are absent."""
+    tasks built without an agent that reports cost are absent. A build a resumed attempt
+    reused (``reused_build``: it carries the earlier attempt's result) is not counted again:
+    each paid agent run counts once."""
     spend: dict[str, dict[str, Any]] = {}
     for row in workspaces:
         result = row.get("result") if isinstance(row.get("result"), dict) else {}
         build = result.get("build") if isinstance(result.get("build"), dict) else result
+        if build.get("reused_build"):
+            continue
         cost = build.get("total_cost_usd")
         if not isinstance(cost, (int, float)) or isinstance(cost, bool):
             continue

@@ -180,7 +180,7 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
     complete; 3 finished with blocked tasks; 4 returned from ERROR; 2 bad input; 75 stopped, the
     Ray cluster lost (resumable); 130 cancelled.
     """
-    intent = _record_intent(repo, objective, plan_file, revised_plan)
+    intent = _record_intent(repo, objective, plan_file, revised_plan, isolation)
     try:
         plan_input = _load_json_file(plan_file, "plan") if plan_file else None
         revised_input = None
@@ -208,7 +208,7 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
 
 
 def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
-                   revised_plan: Path | None) -> Path | None:
+                   revised_plan: Path | None, isolation: str | None = None) -> Path | None:
     """Write the run's intent (`ftl.engine.intent`) before anything slow: the objective and the plan
     files' JSON as read (validated later, by the run or by the resume that finds it). None when
     there is nothing to record (an unreadable plan is refused in a moment anyway)."""
@@ -231,7 +231,7 @@ def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
     if not repo.is_dir():
         return None
     return write_intent(repo, {"objective": objective, "plan": plan, "revised_plan": revised,
-                               "flow": "campaign"})
+                               "flow": "campaign", "isolation": isolation})
 
 
 @campaign.command("resume")
