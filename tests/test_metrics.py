@@ -1,4 +1,4 @@
-"""ftl.telemetry.metrics: the four counters on ftl's own registry, derived from the event log by
+"""ftl.telemetry.metrics: the counters on ftl's own registry, derived from the event log by
 EventMetrics, with bounded label values, no *_created series, and byte-identical dumps of the
 same run (reference §3.2, §5 rule 5)."""
 

@@ -13,6 +13,7 @@ it inside its write transaction. Entries are dicts in the store's entry shape
 
 from __future__ import annotations
 
+import math
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
@@ -36,8 +37,34 @@ def _check_type(entry_type: str) -> str:
 
 
 def _number(value: Any, path: str) -> float:
+    """``value`` when it is a finite int or float (not a bool).
+
+    Raises: FtlError(schema_invalid) at ``path`` otherwise: NaN and the infinities too, which
+    ``json.loads`` accepts but SQLite stores as NULL and importance cannot rank.
+    """
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise _violation(path, "must be a number", f"give {path} as a number of tokens")
+    if not math.isfinite(value):
+        raise _violation(path, f"must be a finite number, got {value!r}",
+                         f"give {path} as a finite number of tokens")
+    return value
+
+
+def _name_lists(value: Any, path: str) -> dict[str, list[str]]:
+    """``value`` as a relationship map: a JSON object from relationship type to a list of entry
+    names, the shape `add_relationship`, `add_cross_relationship` and `solutions` read and
+    extend; None (or a missing key) is the empty map.
+
+    Raises: FtlError(schema_invalid) at ``path`` (or ``path.<type>``) for any other shape.
+    """
+    if value is None:
+        return {}
+    fix = f'give {path} as {{"<relationship type>": ["<entry name>", ...]}}, or leave it out'
+    if not isinstance(value, dict):
+        raise _violation(path, f"must be a JSON object, got {type(value).__name__}", fix)
+    for key, names in value.items():
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise _violation(f"{path}.{key}", "must be a list of entry names (strings)", fix)
     return value
 
 
@@ -75,7 +102,9 @@ class MemoryStore:
         """``entry`` checked and put in the store's columns (`Store.add_memory_entry`), and its
         value (a failure's cost, a pattern's saved tokens) as a number.
 
-        Raises: FtlError(schema_invalid) naming a missing or malformed key.
+        Raises: FtlError(schema_invalid) naming a missing or malformed key: a value that is not
+        a finite number, or a ``related_typed`` / ``cross_relationships`` that is not an object
+        of lists of names.
         """
         if not isinstance(entry, dict):
             raise _violation("memory", "must be a JSON object", "pass a JSON object")
@@ -104,8 +133,9 @@ class MemoryStore:
             "match": entry.get("match") if entry_type == "failure" else None, "cost": value,
             "source": source, "extra": extra_fields(entry), "campaign_id": entry.get("campaign_id"),
             "created_at": created, "importance": scoring.importance(value, 0, 0, 0, created, self._now()),
-            "related_typed": entry.get("related_typed") or {},
-            "cross_relationships": entry.get("cross_relationships") or {}}, value
+            "related_typed": _name_lists(entry.get("related_typed"), "related_typed"),
+            "cross_relationships": _name_lists(entry.get("cross_relationships"),
+                                               "cross_relationships")}, value
 
     @staticmethod
     def _repeats(trigger: str) -> Any:
@@ -118,8 +148,10 @@ class MemoryStore:
     def add(self, entry: dict[str, Any], *, validate: bool = True) -> str:
         """Add a failure or pattern with FTL's merge rules (FTL ``add_failure`` / ``add_pattern``).
 
-        ``entry``: ``{name, type: failure|pattern, trigger, fix | insight, cost | saved (tokens),
-        match?, source?: [ids], campaign_id?, ...}``; other keys are kept as extra fields.
+        ``entry``: ``{name, type: failure|pattern, trigger, fix | insight, cost | saved (tokens,
+        a finite number), match?, source?: [ids], campaign_id?, related_typed?,
+        cross_relationships?, ...}``, the two maps as ``{relationship type: [entry names]}``;
+        other keys are kept as extra fields.
 
         Returns FTL's status text: ``added``; for a failure ``merged:<name>`` (same name, or a
         trigger more than 85 % similar: sources united, the higher cost kept, occurrences + 1); for
@@ -150,7 +182,8 @@ class MemoryStore:
         .failure_name`), and triggers of unrelated failures can be over 85 % alike (the
         headline of every verify failure differs only by its task number).
 
-        Raises: FtlError(schema_invalid) naming a missing or malformed key.
+        Raises: FtlError(schema_invalid) naming a missing or malformed key (``entry`` has
+        `add`'s shape).
         """
         columns, _ = self._columns(entry)
         entry_type = columns["type"]

@@ -1,6 +1,6 @@
 """Prometheus counters for ftl's errors, gate decisions, retries and tasks.
 
-Four counters on ftl's own `CollectorRegistry` (never the global one), without ``*_created``
+Seven counters on ftl's own `CollectorRegistry` (never the global one), without ``*_created``
 series so two dumps of the same run compare byte for byte (reference §3.2, §5 rule 5):
 
 * ``ftl_errors_total{code, gate, category}``: ``code`` is the registry kind (``verify_failed``),
@@ -32,6 +32,7 @@ node-exporter textfile format atomically.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 from pathlib import Path
@@ -47,11 +48,13 @@ disable_created_metrics()  # *_created gauges hold wall-clock values: they break
 MAX_LABEL_VALUES = 32
 OTHER = "__other__"
 NONE = "none"
-_LABEL_RE = re.compile(r"^[a-z][a-z0-9_]{0,47}$")
+_LABEL_RE = re.compile(r"[a-z][a-z0-9_]{0,47}")  # whole value: `fullmatch`, never `$`
 
 
 class _Limiter:
-    """At most ``limit`` distinct values per label; later newcomers become ``__other__``."""
+    """At most ``limit`` distinct values per label; later newcomers become ``__other__``, as
+    does a value that is not wholly ``[a-z][a-z0-9_]{0,47}`` (after lowercasing): no trailing
+    newline makes a series of its own."""
 
     def __init__(self, limit: int = MAX_LABEL_VALUES) -> None:
         self.limit = limit
@@ -60,7 +63,7 @@ class _Limiter:
 
     def __call__(self, label: str, value: Any) -> str:
         text = str(value).lower() if value is not None else NONE
-        if not _LABEL_RE.match(text):
+        if not _LABEL_RE.fullmatch(text):
             return OTHER
         with self._lock:
             seen = self._seen.setdefault(label, set())
@@ -143,8 +146,10 @@ class Metrics:
 
     def count_agent(self, cost_usd: Any, usage: Any) -> None:
         """One agent build's ``total_cost_usd`` (USD) and ``usage`` ``{kind: tokens}``;
-        negative or non-numeric values are ignored."""
-        if isinstance(cost_usd, (int, float)) and not isinstance(cost_usd, bool) and cost_usd > 0:
+        a cost counts only when it is a finite number > 0 (an infinite one would make the
+        counter +Inf for good), tokens only when a positive int; other values are ignored."""
+        if isinstance(cost_usd, (int, float)) and not isinstance(cost_usd, bool) \
+                and math.isfinite(cost_usd) and cost_usd > 0:
             self.agent_cost.inc(cost_usd)
         for token_kind, count in (usage.items() if isinstance(usage, dict) else ()):
             if isinstance(count, int) and not isinstance(count, bool) and count > 0:
