@@ -221,8 +221,10 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
                             out_of_scope=out_of_scope(changed, [*task.delta, *task.creates],
                                                       tree.path))
     def blocked(error: FtlError) -> TaskOutcome:
-        # The build ran (and an agent's was paid for): its cost stays on the blocked row.
-        cost = {key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
+        # The build ran (and an agent's was paid for): its cost stays on the blocked row,
+        # unless it is an earlier attempt's build reused here (that attempt's row holds it).
+        cost = {} if build_result.get("reused_build") else {
+            key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
         if cost and not error.details.get("agent_cost"):
             error.details["agent_cost"] = cost
         return _block(run, workspace, error)
@@ -341,7 +343,8 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
             # Round 2 on the new head, in the folder the task holds (MERGE_CONFLICT named the
             # first commit).
             tree = trees.renew(tree) if tree is not None else trees.prepare(name)
-            spent = {key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
+            spent = {} if build_result.get("reused_build") else {  # a reused build: paid before
+                key: build_result[key] for key in AGENT_COST_KEYS if build_result.get(key) is not None}
             built, commit = None, None
             spec = {**spec, "workdir": tree.workdir, "base_commit": tree.base}
     raise AssertionError("unreachable: the second round returns or blocks")

@@ -244,3 +244,77 @@ def test_a_planner_out_of_turns_ends_the_campaign_exit_4_and_keeps_its_cost(tmp_
     with ev.EventLog(log, log.stem) as writer:
         writer.emit("RUN_START")
     assert ev.earlier_planner_spend_usd(log) == pytest.approx(0.05 * len(failures))
+
+
+def test_a_resumed_error_keeps_its_own_message(tmp_path: Path, monkeypatch) -> None:
+    from ftl.config import load_config
+    from ftl.engine.machine import State
+    from ftl.engine.runner import Runner, connect_in_process
+    from ftl.states import HANDLERS
+
+    monkeypatch.setenv("FTL_STAND_IN_SCENARIOS", json.dumps({"planner": "max_turns"}))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "ftl.toml").write_text('builder = "claude"\nplanner = "claude"\njobs = 1\n'
+                                   f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n")
+    for args in (["init", "-q", "-b", "main"], ["commit", "-q", "--allow-empty", "-m", "base"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    real = HANDLERS[State.ERROR]
+
+    def killed(run: object) -> None:  # the kill lands as ERROR is entered (its record is saved)
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(HANDLERS, State.ERROR, killed)
+    with Runner(repo, load_config(None, repo), client_factory=connect_in_process) as runner:
+        assert runner.start("plan something").exit_code == 130
+    monkeypatch.setitem(HANDLERS, State.ERROR, real)
+    with Runner(repo, load_config(None, repo), client_factory=connect_in_process) as runner:
+        resumed = runner.resume()
+    assert resumed.exit_code == 4
+    assert "The plan step used up its budget: Claude Code stopped" in resumed.summary["message"]
+
+
+def test_a_reused_agent_build_that_then_blocks_is_paid_once(tmp_path: Path) -> None:
+    # The build finished (and was paid), ftl died during verify; the resume reuses the build,
+    # its verify fails: the blocked attempt must not carry the earlier attempt's cost again.
+    import signal
+    import time
+
+    from ftl.store import Store
+
+    repo, check = tmp_path / "repo", tmp_path / "check.sh"
+    repo.mkdir()
+    (repo / "ftl.toml").write_text('builder = "claude"\njobs = 1\n'
+                                   f"[claude]\ncommand = {json.dumps([sys.executable, str(STAND_IN)])}\n")
+    check.write_text("sleep 60\n")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                       check=True, capture_output=True)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"objective": "x", "tasks": [{
+        "seq": "001", "slug": "greet", "type": "BUILD", "delta": ["greet.py"],
+        "verify": f"sh {check}", "budget": 3, "depends": "none"}]}))
+    first = subprocess.Popen([ENV["FTL_BIN"], "campaign", "run", "--plan", str(plan), "--repo", str(repo)],
+                             start_new_session=True, env=ENV, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not any(
+            e["event"] == "TOOL_CALL" and e.get("tool") == "run_verify"
+            for e in (_events(repo) if (repo / ".ftl" / "events").is_dir() else [])):
+        time.sleep(0.1)
+    time.sleep(0.3)
+    os.killpg(first.pid, signal.SIGKILL)  # ftl and the verify it runs
+    first.wait()
+    check.write_text("exit 1\n")
+    resumed = subprocess.run([ENV["FTL_BIN"], "campaign", "resume", "--repo", str(repo),
+                              "--kill-leftovers"], env=ENV,
+                             capture_output=True, text=True, timeout=180)
+    assert resumed.returncode == 3, resumed.stderr[-2000:]
+    status = json.loads(subprocess.run([ENV["FTL_BIN"], "campaign", "status", "--repo", str(repo),
+                                        "--json"], env=ENV, capture_output=True, text=True).stdout)
+    with Store.for_repo(repo) as store:
+        rows = store.workspaces(store.latest_campaign()["id"])
+    assert [row["status"] for row in rows] == ["built", "blocked"]
+    paid = rows[0]["result"]["total_cost_usd"]
+    assert status["data"]["campaign"]["cost_usd"] == pytest.approx(paid)  # not twice

@@ -636,3 +636,19 @@ def test_allow_root_opens_another_directory_and_inside_paths_stay_usable(tmp_pat
     with pytest.raises(FtlError) as missing:
         make_server(served, allowed_roots=[tmp_path / "nope"])
     assert missing.value.error_type == "not_found"
+
+
+def test_a_campaign_ids_log_and_unresolvable_paths_are_confined_too(tmp_path: Path) -> None:
+    served, outside = tmp_path / "served", tmp_path / "outside"
+    git_repo(served)
+    outside.mkdir()
+    (outside / "secret.jsonl").write_text('{"event": "RUN_START", "seq": 1}\n')
+    (served / ".ftl" / "events").mkdir(parents=True, exist_ok=True)
+    (served / ".ftl" / "events" / "leak.jsonl").symlink_to(outside / "secret.jsonl")
+    (served / "loop").symlink_to(served / "loop")
+    calls = [("replay_log", {"path": "leak"}),  # a campaign id whose log points out
+             ("replay_log", {"path": "loop"}),  # a symlink loop: used to be an internal error
+             ("replay_log", {"path": "~nosuchuser_zz/x.jsonl"})]
+    for answer in session(make_server(served), calls):
+        data = rpc_error(answer, -32602, "invalid_params")
+        assert data["details"]["schema_errors"][0]["keyword"] == "x-root"

@@ -418,7 +418,9 @@ class Runner:
                 except FtlError:
                     run.current_plan = None
                 if campaign.get("error"):
-                    run.error = FtlError(campaign["error"]["error_type"], campaign["error"].get("details"))
+                    record = campaign["error"]
+                    run.error = FtlError(record["error_type"], record.get("details"),
+                                         message=record.get("message") or None)
                     # The state that failed decides the route (a timeout re-plans only from
                     # EXPLORE); a record written before the origin was kept has None, which
                     # routes that error to the summary.
@@ -776,12 +778,13 @@ def _digest(value: Any) -> str | None:
 
 
 def _error_record(error: FtlError | None, origin: str | None = None) -> dict[str, Any] | None:
-    """The pending error as stored with the machine: ``{error_type, details, origin}``, where
+    """The pending error as stored with the machine: ``{error_type, details, origin, message}``, where
     ``origin`` is the state that failed (ERROR's route depends on it; `Runner.resume` restores
     it), or None when there is no pending error."""
     if error is None:
         return None
-    return {"error_type": error.error_type, "details": error.safe_details(), "origin": origin}
+    return {"error_type": error.error_type, "details": error.safe_details(), "origin": origin,
+            "message": error.message}
 
 
 @contextlib.contextmanager

@@ -346,7 +346,7 @@ def _replay(server: "FtlMcpServer", args: ReplayLogArgs, call: CallContext) -> O
     repo = server.resolve_repo(args.repo)
     path = server.resolve_path(repo, args.path)
     if not path.is_file() and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", args.path):
-        path = log_path(repo, args.path)  # a campaign id
+        path = server.resolve_path(repo, str(log_path(repo, args.path)))  # a campaign id
     if not path.is_file():
         raise FtlError("not_found", {"what": f"event log {Path(args.path).name}"})
     try:
@@ -536,9 +536,12 @@ class FtlMcpServer:
         return self._confined(repo, value, field)
 
     def _confined(self, base: Path, value: str, field: str) -> Path:
-        path = Path(value).expanduser()
-        path = (path if path.is_absolute() else base / path).resolve()
-        if not any(path == root or path.is_relative_to(root) for root in self.roots):
+        try:
+            path = Path(value).expanduser()
+            path = (path if path.is_absolute() else base / path).resolve()
+        except (RuntimeError, OSError):  # a symlink loop, an unknown ~user: it leads nowhere
+            path = None
+        if path is None or not any(path == root or path.is_relative_to(root) for root in self.roots):
             raise FtlError("invalid_params", {"schema_errors": [{
                 "path": field, "keyword": "x-root",
                 "message": "names a place outside the directories this server may use (its "

@@ -304,3 +304,29 @@ def test_a_worker_that_cannot_start_is_evaluation_failed_and_leaks_no_descriptor
             evaluator.evaluate(_diag())
         assert failed.value.code == "evaluation_failed"
     assert len(os.listdir("/proc/self/fd")) == before and evaluator._count == 0
+
+
+def test_a_request_waiting_when_the_one_ahead_times_out_moves_to_the_fresh_program():
+    import time
+
+    from ftl.manglecp.messages import ProtocolError
+
+    from .helpers import make_evaluator
+
+    evaluator = make_evaluator("thread")
+    outcome: dict = {}
+
+    def slow() -> None:
+        try:
+            evaluator.evaluate(EvaluationInput("slow", {}, (), 0, 10**9, 300))
+        except ProtocolError as error:
+            outcome["slow"] = error.code
+
+    ahead = threading.Thread(target=slow)
+    ahead.start()
+    time.sleep(0.1)  # the slow one holds the program; this one waits for it
+    started = time.monotonic()
+    assert evaluator.evaluate(_diag(max_compute_ms=8000)).selections
+    assert time.monotonic() - started < 3.0  # before: it waited out its own 8 s
+    ahead.join(10)
+    assert outcome == {"slow": "evaluation_timeout"}

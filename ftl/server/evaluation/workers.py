@@ -173,6 +173,8 @@ class ClingoEvaluator:
         assert program is not None
         while not lock.acquire(timeout=_POLL_S):  # one at a time, within this request's limits
             _check(cancel, timeout_s, limit_ms, started)
+            with self._swap:  # the evaluation ahead was abandoned: wait on the fresh program
+                program, lock = self._program, self._thread_eval_lock
         try:
             _check(cancel, timeout_s, limit_ms, started)  # cancelled meanwhile: do not start
         except ProtocolError:
