@@ -66,6 +66,7 @@ LOST_AFTER_S = 15.0
 #: How often the watchdog reads the nodes while the head answers, s; every `WATCH_S` instead
 #: while the last read found no node with CPUs, so a node that joins stops the clock at once.
 NODES_EVERY_S = 10.0
+NODE_GONE_WINDOW_S = 2.0  # how long a raylet that still accepts is asked again (s)
 
 
 def remote_attempt(request: dict[str, Any], chain: list[tuple[str, Any]]) -> Iterator[dict[str, Any]]:
@@ -554,8 +555,20 @@ class RayCluster:
 
     def _node_gone(self, node: str) -> bool:
         """Whether ``node`` is gone: the head lists it dead, or its raylet refuses a TCP
-        connection (dead, while the head has not noticed yet). False when unsure: the head
-        does not answer (no Ray call may wait on it), or the node is not listed."""
+        connection (dead, while the head has not noticed yet). A raylet that still accepts is
+        asked again for up to `NODE_GONE_WINDOW_S`: a killed raylet's socket closes only once
+        its process is torn down, which takes a moment under load, while its worker's report
+        of the command's death can arrive first. False when unsure: the head does not answer
+        (no Ray call may wait on it), or the node is not listed."""
+        deadline = time.monotonic() + NODE_GONE_WINDOW_S
+        while True:
+            verdict = self._node_state(node)
+            if verdict is not None or time.monotonic() >= deadline:
+                return bool(verdict)
+            time.sleep(0.1)
+
+    def _node_state(self, node: str) -> bool | None:
+        """True: ``node`` is gone; None: its raylet accepts a connection now; False: unsure."""
         if node in self._dead_nodes:
             return True
         if self._probe() is not True:
@@ -571,7 +584,7 @@ class RayCluster:
         host, port = rows[0].get("NodeManagerAddress"), rows[0].get("NodeManagerPort")
         try:
             with socket.create_connection((host, int(port)), timeout=1.0):
-                return False
+                return None
         except (ConnectionRefusedError, ConnectionResetError):
             return True
         except (OSError, TypeError, ValueError):
