@@ -221,24 +221,44 @@ def _diag(**kwargs) -> EvaluationInput:
     return EvaluationInput("diag", {}, (), 0, 1000, kwargs.pop("max_compute_ms", 2000), **kwargs)
 
 
-def test_a_thread_timeout_does_not_stall_later_evaluations():
+def _bounded_slow_evaluator(tmp_path):
+    """A thread-isolated evaluator whose ``slowish`` intent grounds for about a second and then
+    ends: an evaluation abandoned on timeout finishes soon (the fixture's ``slow`` would run for
+    minutes, gigabytes large, in the test process)."""
+    from ftl.server.evaluation.workers import ClingoEvaluator
+
+    from .helpers import FIXTURE_RULES, FIXTURE_TOOLS
+
+    rules = tmp_path / "slowish.lp"
+    rules.write_text('slowish(0) :- intent("slowish").\nslowish(N + 1) :- slowish(N), N < 1500000.\n')
+    return ClingoEvaluator([*FIXTURE_RULES, rules], [("tool", [n]) for n in FIXTURE_TOOLS],
+                           isolation="thread")
+
+
+def _abandoned_threads_end() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "ftl-eval":
+            thread.join(60)
+            assert not thread.is_alive()
+
+
+def test_a_thread_timeout_does_not_stall_later_evaluations(tmp_path):
     # The abandoned grounding thread keeps its program and lock; later requests get fresh ones
     # (before: each of them waited for the lock until its own clock ran out, thread by thread).
     import time
 
     from ftl.manglecp.messages import ProtocolError
 
-    from .helpers import make_evaluator
-
-    evaluator = make_evaluator("thread")
+    evaluator = _bounded_slow_evaluator(tmp_path)
     with pytest.raises(ProtocolError) as slow:
-        evaluator.evaluate(EvaluationInput("slow", {}, (), 0, 10**9, 200))
+        evaluator.evaluate(EvaluationInput("slowish", {}, (), 0, 10**9, 100))
     assert slow.value.code == "evaluation_timeout"
     for _ in range(3):
         started = time.monotonic()
         assert evaluator.evaluate(_diag()).selections
         assert time.monotonic() - started < 1.5
     assert sum(thread.name == "ftl-eval" for thread in threading.enumerate()) <= 1
+    _abandoned_threads_end()
 
 
 def test_a_request_waiting_for_a_busy_worker_keeps_its_cancel_and_limit():
@@ -306,19 +326,17 @@ def test_a_worker_that_cannot_start_is_evaluation_failed_and_leaks_no_descriptor
     assert len(os.listdir("/proc/self/fd")) == before and evaluator._count == 0
 
 
-def test_a_request_waiting_when_the_one_ahead_times_out_moves_to_the_fresh_program():
+def test_a_request_waiting_when_the_one_ahead_times_out_moves_to_the_fresh_program(tmp_path):
     import time
 
     from ftl.manglecp.messages import ProtocolError
 
-    from .helpers import make_evaluator
-
-    evaluator = make_evaluator("thread")
+    evaluator = _bounded_slow_evaluator(tmp_path)
     outcome: dict = {}
 
     def slow() -> None:
         try:
-            evaluator.evaluate(EvaluationInput("slow", {}, (), 0, 10**9, 300))
+            evaluator.evaluate(EvaluationInput("slowish", {}, (), 0, 10**9, 300))
         except ProtocolError as error:
             outcome["slow"] = error.code
 
@@ -330,3 +348,4 @@ def test_a_request_waiting_when_the_one_ahead_times_out_moves_to_the_fresh_progr
     assert time.monotonic() - started < 3.0  # before: it waited out its own 8 s
     ahead.join(10)
     assert outcome == {"slow": "evaluation_timeout"}
+    _abandoned_threads_end()
