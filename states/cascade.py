@@ -35,7 +35,7 @@ from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.engine.runner import REPLAN_MERGED, Next, Run
 from ftl.engine.replan import replan_input
-from ftl.states.plan import ask_planner, planner_tool
+from ftl.states.plan import ask_planner, log_decision, planner_tool
 from ftl.states.register import registered
 from ftl.engine.tools import fact
 from ftl.validation import parse_plan
@@ -180,11 +180,8 @@ def _revised_plan(run: Run):
     result = run.recovery.run(
         lambda n: ask_planner(run, facts, tool, args, intent=REPLAN_INTENT, state="CASCADE"),
         tool=tool, state="CASCADE")
-    cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
-            if result.get(key) is not None}  # a Claude planner's spend, as PLAN logs it
-    run.log.emit(ev.PLAN_DECISION, state="CASCADE", decision=str(result.get("decision", "UNKNOWN")).upper(),
-                 tool=tool, questions=result.get("questions") or [], **cost)
-    if str(result.get("decision", "")).upper() != "PROCEED" or not isinstance(result.get("plan"), dict):
+    decision = log_decision(run, tool, result, state="CASCADE")
+    if decision != "PROCEED" or not isinstance(result.get("plan"), dict):
         raise FtlError("decision_unknown", {}, message="The planner did not return a revised plan.")
     return parse_plan(result["plan"], source="revised plan", known_seqs=_seqs(run))
 

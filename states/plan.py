@@ -42,11 +42,7 @@ def enter(run: Run) -> Next:
 
     result = run.recovery.run(lambda attempt: ask_planner(run, facts, tool, args), tool=tool,
                               state="PLAN")
-    decision = str(result.get("decision", "UNKNOWN")).upper()
-    cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
-            if result.get(key) is not None}  # a Claude planner's spend (issue 12)
-    run.log.emit(ev.PLAN_DECISION, decision=decision, tool=tool,
-                 questions=result.get("questions") or [], **cost)
+    decision = log_decision(run, tool, result, state="PLAN")
 
     # A go-ahead whose plan does not parse as one (``plan_attempt``) is an invalid plan: the
     # next round is told why, as for a plan that fails validation.
@@ -63,6 +59,18 @@ def enter(run: Run) -> Next:
         run.store.save_plan(run.campaign_id, plan)
         return Next("build" if run.flow is Flow.TASK else "register")
     return _clarify(run, questions + list(result.get("questions") or []))
+
+
+def log_decision(run: Run, tool: str, result: dict[str, Any], *, state: str) -> str:
+    """Write the planner's ``PLAN_DECISION`` (PLAN's, or CASCADE's re-plan) with its
+    questions and, for a paid planner, its cost (issue 12: a resume seeds the spend limit from
+    these, `ftl.events.earlier_planner_spend_usd`). Returns the decision, upper case."""
+    decision = str(result.get("decision", "UNKNOWN")).upper()
+    cost = {key: result[key] for key in ("total_cost_usd", "num_turns", "usage", "session_id")
+            if result.get(key) is not None}
+    run.log.emit(ev.PLAN_DECISION, state=state, decision=decision, tool=tool,
+                 questions=result.get("questions") or [], **cost)
+    return decision
 
 
 def planner_tool(selected: dict[str, Any]) -> str:

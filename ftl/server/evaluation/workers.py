@@ -4,8 +4,9 @@ Process isolation (the default): each evaluation runs in a worker process (``pyt
 ftl.server.evaluation.child``, the rules parsed once per worker, an ``RLIMIT_AS`` cap) that is
 killed and replaced on a timeout (``evaluation_timeout``), a cancel or a memory overrun (counted
 as a gas overrun, ``derivation_limit_exceeded``); spec 05 §3.3. Thread isolation runs in this
-process, for tests and in-process tools (a timeout abandons the grounding thread, which clingo
-cannot interrupt).
+process, one evaluation at a time: the default of the stdio server the runner starts, of the
+in-process server and of tests (a timeout abandons the grounding thread, which clingo cannot
+interrupt, with its own parsed program; see `ClingoEvaluator`).
 """
 
 from __future__ import annotations
