@@ -56,6 +56,8 @@ commit integrated into the campaign's branch. The commit is the record resume lo
 from __future__ import annotations
 
 import logging
+import os
+import re
 import shlex
 import threading
 import time
@@ -804,18 +806,31 @@ def _checkpoint_path(run: Run, workspace_id: str, attempt: int, round_: int = 1)
 def _checkpoint(run: Run, workspace: Any, round_: int = 1) -> Path:
     path = _checkpoint_path(run, workspace.workspace_id, workspace.attempt, round_)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return path.resolve()
+    return Path(os.path.abspath(path))  # the wrapper's command may cd; no symlink walk needed
+
+
+# Words after which the command may replace the shell (exec) or its EXIT trap (trap), itself or
+# in code it runs in the same shell (eval, source, "."): such a command keeps the subshell wrapper.
+_OWNS_THE_SHELL = re.compile(r"\b(?:trap|exec|eval|source)\b|(?:^|[\s;&|(`])\.\s")
 
 
 def _with_checkpoint(command: str, checkpoint: Path) -> str:
-    """``command`` in a subshell, then the checkpoint written by a shell builtin on exit 0.
+    """``command`` wrapped so that the shell writes the checkpoint (a builtin's redirection) when
+    it exits 0.
 
-    Newlines, not ``;``, close the subshell, so a trailing ``# comment`` in the command cannot
-    swallow the wrapper; the command's exit status is the wrapper's.
+    An EXIT trap does it without a second process: the command runs in the wrapper's own shell,
+    and ``exit 0`` anywhere in it still reaches the trap. A command that could replace the shell
+    or the trap (`_OWNS_THE_SHELL`) runs in a subshell instead (one fork more, about 0.3 ms),
+    followed by the same check. Newlines separate the parts, so a trailing ``# comment`` in the
+    command cannot swallow the wrapper; the command's exit status is the wrapper's.
     """
-    return (f"(\n{command}\n)\nftl_status=$?\n"
-            f"if [ $ftl_status -eq 0 ]; then : > {shlex.quote(str(checkpoint))}; fi\n"
-            "exit $ftl_status")
+    target = shlex.quote(str(checkpoint))
+    if _OWNS_THE_SHELL.search(command):
+        return (f"(\n{command}\n)\nftl_status=$?\n"
+                f"if [ $ftl_status -eq 0 ]; then : >| {target}; fi\n"
+                "exit $ftl_status")
+    return (f"ftl_checkpoint() {{ ftl_status=$?; if [ $ftl_status -eq 0 ]; then : >| {target}; fi; }}\n"
+            f"trap ftl_checkpoint EXIT\n{command}\n")
 
 
 def _trim(result: dict[str, Any]) -> dict[str, Any]:

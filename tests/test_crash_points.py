@@ -790,3 +790,31 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
         assert [r["strategy"] for r in recoveries] == ["rebase_rerun"]
         blocked = build_state._conflicted(run, workspace, commit, conflict, 2, cancel)
         assert blocked.status == "blocked" and finished == ["blocked"]
+
+
+@pytest.mark.parametrize("command, status, written", [
+    ("true", 0, True),
+    ("false", 1, False),
+    ("exit 0", 0, True),               # exit anywhere still reaches the EXIT trap
+    ("f() { exit 0; }\nf", 0, True),
+    ("exit 4", 4, False),
+    ("set -e; false; echo never", 1, False),
+    ("echo done # a trailing comment", 0, True),
+    ("cat <<EOF\nhere\nEOF", 0, True),
+    ("set -C; true", 0, True),         # noclobber does not stop the checkpoint
+    # the command could replace the shell or the trap: the subshell wrapper
+    ("trap 'echo own' EXIT; true", 0, True),
+    ("exec true", 0, True),
+    ("exec false", 1, False),
+    (". /dev/null; true", 0, True),
+    ("eval 'exit 0'", 0, True),
+])
+def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Path, command: str,
+                                                                   status: int, written: bool) -> None:
+    checkpoint = tmp_path / "it's a dir" / "001-a-1.built"  # quoting: a quote and a space
+    checkpoint.parent.mkdir()
+    wrapped = build_state._with_checkpoint(command, checkpoint)
+    done = subprocess.run(["/bin/sh", "-c", wrapped], capture_output=True, text=True, timeout=10)
+    assert (done.returncode, checkpoint.exists()) == (status, written), done.stderr
+    owns = build_state._OWNS_THE_SHELL.search(command) is not None
+    assert wrapped.startswith("(\n") == owns  # one process less unless the command may need it

@@ -181,15 +181,12 @@ def validate_facts(facts: Sequence[Any], profile: FactsProfile | None, *,
         and, where they apply, ``expected_arity``/``actual_arity``, ``expected_type``/
         ``actual_type``, ``argument_index``, ``suggestion``.
     """
-    declared: dict[str, PredicateSchema] = {}
-    if profile is not None and profile.predicates:
-        declared = {p.predicate: p for p in profile.predicates}
+    declared, fast = _profile_maps(profile, reserved_ok)
     formats = profile.time_formats if profile is not None else ["rfc3339", "epoch_ms"]
     violations: list[dict[str, Any]] = []
     out: list[NormalFact] = []
     seen: set[Any] = set()
     index = 0
-    fast = _fast_shapes_of(profile, declared, reserved_ok)
     batch = _validate_batch(facts, fast) if fast else None
     if batch is not None:
         return batch, []
@@ -342,22 +339,24 @@ def _validate_batch(facts: Sequence[Any], fast: Mapping[str, tuple[type, ...]]) 
     return list(dict.fromkeys(map(_new_tuple, repeat(NormalFact), zip(preds, map(tuple, args), repeat(None)))))
 
 
-_SHAPES: dict[tuple[int, bool], tuple[Any, dict[str, tuple[type, ...]]]] = {}
+_SHAPES: dict[tuple[int, bool], tuple[Any, dict[str, PredicateSchema], dict[str, tuple[type, ...]]]] = {}
 
 
-def _fast_shapes_of(profile: FactsProfile | None, declared: Mapping[str, PredicateSchema],
-                    reserved_ok: bool) -> dict[str, tuple[type, ...]]:
-    """`_fast_shapes` of ``profile``, computed once per profile object (a server validates
-    every request against the same one). The entry holds the profile, so its id stays its own."""
-    if profile is None:
-        return _fast_shapes(declared, reserved_ok)
+def _profile_maps(profile: FactsProfile | None, reserved_ok: bool
+                  ) -> tuple[dict[str, PredicateSchema], dict[str, tuple[type, ...]]]:
+    """``(declared predicates by name, their `_fast_shapes`)`` of ``profile``, computed once per
+    profile object (a server validates every request and every delta fact against the same
+    one). The entry holds the profile, so its id stays its own."""
+    if profile is None or not profile.predicates:
+        return {}, _fast_shapes({}, reserved_ok)
     key = (id(profile), reserved_ok)
     entry = _SHAPES.get(key)
     if entry is None or entry[0] is not profile:
         if len(_SHAPES) >= 64:
             _SHAPES.clear()
-        entry = _SHAPES[key] = (profile, _fast_shapes(declared, reserved_ok))
-    return entry[1]
+        declared = {p.predicate: p for p in profile.predicates}
+        entry = _SHAPES[key] = (profile, declared, _fast_shapes(declared, reserved_ok))
+    return entry[1], entry[2]
 
 
 def _fast_shapes(declared: Mapping[str, PredicateSchema], reserved_ok: bool) -> dict[str, tuple[type, ...]]:

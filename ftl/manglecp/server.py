@@ -139,6 +139,7 @@ class ManglecpServer:
         self.on_error = on_error
         self.facts_profile = self._facts_profile()
         self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
+        self._declared = {p.predicate: p for p in self.facts_profile.predicates or ()}
         self._intent_names = {str(i.get("name")) for i in self.info.intents}
         self._manifest_cache: dict[str, dict[str, Any]] = {}
 
@@ -848,8 +849,7 @@ class ManglecpServer:
     def _delta_pattern(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:
         """A retract pattern (``None`` = wildcard) of a declared predicate with the right arity."""
         pred, args = item.get("pred"), item.get("args")
-        declared = {p.predicate: p for p in self.facts_profile.predicates or ()}
-        schema = declared.get(pred) if isinstance(pred, str) else None
+        schema = self._declared.get(pred) if isinstance(pred, str) else None
         if schema is None or not isinstance(args, list) or len(args) != schema.arity:
             log.error("%s produced an invalid retract pattern for %r", tool_name, pred)
             return None

@@ -69,17 +69,19 @@ class TasksMixin:
         revised_at, worker}`` (``spec`` is the Task as JSON); all of them, or only ``seqs``
         (canonical seqs; unknown ones are skipped). Raises: FtlError(not_found)."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
             if seqs is None:
-                return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
-            wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
-            rows: list[dict] = []
-            for start in range(0, len(wanted), _SQL_BATCH):
-                batch = wanted[start:start + _SQL_BATCH]
-                rows += [self._task_dict(r) for r in conn.execute(
-                    f"SELECT * FROM task WHERE campaign_id = ? AND seq IN ({','.join('?' * len(batch))})",
-                    (campaign_id, *batch))]
-            rows.sort(key=lambda r: dag.seq_key(r["seq"]))
+                rows = [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
+            else:
+                wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
+                rows = []
+                for start in range(0, len(wanted), _SQL_BATCH):
+                    batch = wanted[start:start + _SQL_BATCH]
+                    rows += [self._task_dict(r) for r in conn.execute(
+                        f"SELECT * FROM task WHERE campaign_id = ? AND seq IN ({','.join('?' * len(batch))})",
+                        (campaign_id, *batch))]
+                rows.sort(key=lambda r: dag.seq_key(r["seq"]))
+            if not rows:  # no row: is the campaign itself unknown? (asked only then: a task's hot path)
+                self._campaign_row(conn, campaign_id)
             return rows
 
     def ready_tasks(self, campaign_id: str) -> list[dict]:
@@ -114,9 +116,10 @@ class TasksMixin:
         (its size is the number of blocked tasks, not of all tasks: BUILD asks for every task).
         Raises: FtlError(not_found)."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
             rows = conn.execute("SELECT seq FROM task INDEXED BY task_blocked WHERE campaign_id = ? "
                                 "AND status = 'blocked'", (campaign_id,)).fetchall()
+            if not rows:
+                self._campaign_row(conn, campaign_id)
         return sorted((r[0] for r in rows), key=dag.seq_key)
 
     def task(self, campaign_id: str, seq: str) -> dict:

@@ -139,12 +139,12 @@ def test_fast_path_validates_like_the_full_checks(facts):
     import ftl.manglecp.facts as facts_module
 
     fast = validate_facts(facts, PROFILE)
-    saved = facts_module._fast_shapes_of
-    facts_module._fast_shapes_of = lambda profile, declared, reserved_ok: {}
+    saved = facts_module._profile_maps
+    facts_module._profile_maps = lambda profile, reserved_ok: (saved(profile, reserved_ok)[0], {})
     try:
         full = validate_facts(facts, PROFILE)
     finally:
-        facts_module._fast_shapes_of = saved
+        facts_module._profile_maps = saved
     assert fast == full
     assert [f.key() for f in fast[0]] == [f.key() for f in full[0]]
 
@@ -177,10 +177,9 @@ def test_batch_validation_agrees_with_the_per_fact_checks(facts):
 
 
 def test_a_batch_of_plain_facts_is_validated_as_a_whole():
-    from ftl.manglecp.facts import _fast_shapes_of, _validate_batch
+    from ftl.manglecp.facts import _profile_maps, _validate_batch
 
-    declared = {p.predicate: p for p in PROFILE.predicates}
-    fast = _fast_shapes_of(PROFILE, declared, False)
+    _, fast = _profile_maps(PROFILE, False)
     facts = [{"pred": "task", "args": ["001", 3]}, {"pred": "enable", "args": ["x"]},
              {"pred": "task", "args": ["001", 3]}]
     assert [tuple(f) for f in _validate_batch(facts, fast)] == [("task", ("001", 3), None),
