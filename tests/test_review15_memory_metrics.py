@@ -120,3 +120,35 @@ def test_the_module_docstring_counts_the_counters_it_defines() -> None:
     count = len({family.name for family in m.registry.collect()})
     words = {4: "Four", 5: "Five", 6: "Six", 7: "Seven", 8: "Eight"}
     assert metrics.__doc__.split("\n\n")[1].startswith(f"{words[count]} counters"), count
+
+
+@pytest.mark.parametrize("column, raw, expected", [
+    ("related_typed", '"oops"', {}),
+    ("related_typed", '["f9"]', {}),
+    ("related_typed", '{"co_occurs": "f9"}', {"co_occurs": ["f9"]}),
+    ("related_typed", '{"co_occurs": [1, "f9", null]}', {"co_occurs": ["f9"]}),
+    ("related_typed", "not json", {}),
+    ("cross_relationships", '{"solves": "p9"}', {"solves": ["p9"]}),
+    ("cross_relationships", "null", {}),
+])
+def test_rows_stored_malformed_before_the_checks_are_read_and_linked(tmp_path: Path, column, raw,
+                                                                     expected) -> None:
+    """Entries written before ftl refused malformed maps and infinite costs: reading them, and
+    linking them to others, works; names in the old map are kept, what is not a name is not."""
+    with Store(tmp_path / "ftl.db") as store:
+        mem = MemoryStore(store)
+        assert mem.add(failure("f1")) == "added" and mem.add(failure("f2")) == "added"
+        assert mem.add(PATTERN) == "added"
+        with store._session(write=True) as conn:  # as an older ftl left it
+            conn.execute(f"UPDATE memory_entry SET {column} = ?, cost = ? WHERE name = 'f1'",
+                         (raw, float("inf")))
+        entry = mem.get("f1")
+        assert entry[column] == expected and entry["cost"] == 0
+        assert mem.add_relationship("f1", "f2") == "added"
+        assert mem.add_cross_relationship("f1", "p1") == "added"
+        linked = mem.get("f1")
+        assert linked["related_typed"].get("co_occurs", [])[-1:] == ["f2"]
+        assert linked["cross_relationships"].get("solves", [])[-1:] == ["p1"]
+        assert all(isinstance(e["importance"], float) for e in mem.entries())
+        assert mem.feedback("f1", helped=True) == "updated"
+        assert mem.get("f1")["importance"] == 0.0  # an infinite cost ranks as no value

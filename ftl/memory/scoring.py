@@ -91,7 +91,8 @@ def help_ratio(times_helped: int, times_failed: int) -> float:
 
 
 def _base(value: float) -> float:
-    return math.log2(value + 1) if value > 0 else 0.0
+    # A NaN or infinite value (stored before ftl refused them) ranks as no value, not forever.
+    return math.log2(value + 1) if value > 0 and math.isfinite(value) else 0.0
 
 
 def importance(value: float, times_helped: int, times_failed: int, access_count: int,
@@ -110,7 +111,7 @@ def feedback_importance(value: float, times_helped: int, times_failed: int, acce
 def hybrid_score(relevance_value: float, value: float, times_helped: int, times_failed: int,
                  created_at: str, now: datetime, half_life_days: float = DEFAULT_HALF_LIFE_DAYS) -> float:
     """Retrieval score: relevance x log2(value + 1) x help ratio x age decay (0 when value <= 0)."""
-    if value <= 0:
+    if not value > 0 or not math.isfinite(value):
         return 0.0
     return (relevance_value * math.log2(value + 1) * help_ratio(times_helped, times_failed)
             * age_decay(created_at, now, half_life_days))

@@ -19,6 +19,7 @@ entry's extra keys (the store's `_dumps` sorts keys).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Iterable
 
 from ftl.errors import FtlError
@@ -44,6 +45,8 @@ def extra_fields(entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def _int_if_whole(value: float) -> int | float:
+    if not math.isfinite(value):  # stored before ftl refused NaN and infinities: no value
+        return 0
     return int(value) if float(value).is_integer() else value
 
 
@@ -59,13 +62,32 @@ def _entry(row: Any) -> dict[str, Any]:
         entry.update(fix=row["resolution"], match=row["match"], cost=_int_if_whole(row["cost"]))
     else:
         entry.update(insight=row["resolution"], saved=_int_if_whole(row["cost"]))
-    entry["related_typed"] = json.loads(row["related_typed"] or "{}")
-    entry["cross_relationships"] = json.loads(row["cross_relationships"] or "{}")
+    entry["related_typed"] = _relationships(row["related_typed"])
+    entry["cross_relationships"] = _relationships(row["cross_relationships"])
     for key, value in json.loads(row["extra"] or "{}").items():
         entry.setdefault(key, value)
     entry.update(campaign_id=row["campaign_id"], occurrences=row["occurrences"],
                  updated_at=row["updated_at"])
     return entry
+
+
+def _relationships(text: str | None) -> dict[str, list[str]]:
+    """A stored ``related_typed`` / ``cross_relationships`` column as ``{type: [names]}``.
+
+    Rows written before ftl checked these maps may hold another shape (a list, a type mapped to
+    a bare name or to a number, text that is not JSON): what is a name is kept (a bare name as a
+    one-name list), the rest is left out, so reading or linking such an entry never fails."""
+    try:
+        value = json.loads(text or "{}")
+    except (TypeError, ValueError):
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    found: dict[str, list[str]] = {}
+    for kind, names in value.items():
+        items = names if isinstance(names, list) else [names]
+        found[str(kind)] = [name for name in items if isinstance(name, str)]
+    return found
 
 
 def _json(value: Any, what: str) -> str:
@@ -180,8 +202,8 @@ class MemoryTablesMixin:
                                 "importance, related_typed, cross_relationships FROM memory_entry "
                                 "ORDER BY id").fetchall()
         return [{"type": r[0], "created_at": r[1], "access_count": r[2], "times_helped": r[3],
-                 "times_failed": r[4], "importance": r[5], "related_typed": json.loads(r[6] or "{}"),
-                 "cross_relationships": json.loads(r[7] or "{}")} for r in rows]
+                 "times_failed": r[4], "importance": r[5], "related_typed": _relationships(r[6]),
+                 "cross_relationships": _relationships(r[7])} for r in rows]
 
     def memory_feedback_counts(self) -> list[tuple[str, int, int]]:
         """``(name, times_helped, times_failed)`` of every entry, oldest first."""
@@ -315,8 +337,8 @@ class MemoryTablesMixin:
                 conn.execute("INSERT OR IGNORE INTO memory_edge (from_id, to_id, rel_type, weight, created_at) "
                              "VALUES (?, ?, ?, ?, ?)", (a, b, kind, weight, now))
             for row_id, kind, other in ((src, rel_type, target), (dst, inverse, source)):
-                typed = json.loads(conn.execute("SELECT related_typed FROM memory_entry WHERE id = ?",
-                                                (row_id,)).fetchone()[0] or "{}")
+                typed = _relationships(conn.execute("SELECT related_typed FROM memory_entry WHERE id = ?",
+                                                    (row_id,)).fetchone()[0])
                 names = typed.setdefault(kind, [])
                 if other not in names:
                     names.append(other)
@@ -335,7 +357,7 @@ class MemoryTablesMixin:
                                    (name, entry_type)).fetchone()
                 if row is None:
                     return f"no_{entry_type}"
-                rows[entry_type] = (row[0], json.loads(row[1] or "{}"))
+                rows[entry_type] = (row[0], _relationships(row[1]))
             (fid, fcross), (pid, pcross) = rows["failure"], rows["pattern"]
             names = fcross.setdefault(rel_type, [])
             if pattern in names:
