@@ -623,6 +623,25 @@ def test_paths_outside_the_servers_roots_are_refused_without_being_opened(tmp_pa
     assert not (outside / ".ftl").exists()  # nothing was created in the refused repository
 
 
+def test_a_named_repository_whose_ftl_folder_links_out_is_refused(tmp_path: Path) -> None:
+    served, outside = tmp_path / "served", tmp_path / "outside"
+    git_repo(served)
+    git_repo(served / "inner")
+    outside.mkdir()
+    (served / "inner" / ".ftl").symlink_to(outside, target_is_directory=True)
+    calls = [("campaign_status", {"repo": "inner"}),
+             ("campaign_run", {"objective": "x", "repo": "inner"})]
+    for answer in session(make_server(served), calls):
+        data = rpc_error(answer, -32602, "invalid_params")
+        assert data["details"]["schema_errors"][0] == {**data["details"]["schema_errors"][0],
+                                                       "keyword": "x-root", "path": "/repo"}
+    assert list(outside.iterdir()) == []  # nothing was written through the link
+    (served / "inner" / ".ftl").unlink()
+    (served / "inner" / ".ftl").symlink_to(served / "state", target_is_directory=True)
+    (served / "state").mkdir()  # a link that stays inside the roots is fine
+    [answer] = session(make_server(served), [("campaign_status", {"repo": "inner"})])
+    assert envelope_of(answer, is_error=False)["data"]["status"] == "none"
+
 def test_allow_root_opens_another_directory_and_inside_paths_stay_usable(tmp_path: Path) -> None:
     served, other = tmp_path / "served", tmp_path / "other"
     git_repo(served)

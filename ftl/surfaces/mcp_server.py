@@ -525,6 +525,8 @@ class FtlMcpServer:
         path = self._confined(self.repo, value, "/repo")
         if not path.is_dir():
             raise FtlError("not_found", {"what": "the repository directory given by repo"})
+        if os.path.lexists(path / ".ftl"):  # ftl writes there: a link out would take the writes along
+            self._confined(path, ".ftl", "/repo")
         return path
 
     def resolve_path(self, repo: Path, value: str, field: str = "/path") -> Path:
