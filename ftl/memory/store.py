@@ -243,9 +243,12 @@ class MemoryStore:
         """
         now = self._now()
         out: dict[str, list[dict]] = {}
-        matches = self._matches(objective, None) if objective else {}
+        # A type asked for none is not read; the text search runs only when there are entries.
+        wanted = {entry_type: self._store.memory_entries_by_id(entry_type) if limit > 0 else {}
+                  for entry_type, limit in (("failure", max_failures), ("pattern", max_patterns))}
+        matches = self._matches(objective, None) if objective and any(wanted.values()) else {}
         for entry_type, limit in (("failure", max_failures), ("pattern", max_patterns)):
-            entries = self._store.memory_entries_by_id(entry_type)
+            entries = wanted[entry_type]
             value_key = "cost" if entry_type == "failure" else "saved"
             if objective:
                 scored = []
