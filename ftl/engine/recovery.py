@@ -25,6 +25,7 @@ from tenacity import RetryCallState, Retrying
 
 from ftl import events as ev
 from ftl.errors import FtlError, retry_after_ms
+from ftl.ids import unique_hex
 
 T = TypeVar("T")
 
@@ -219,7 +220,7 @@ class RecoveryProtocol:
         (the scheduler token and the explorer stop flag are both set on Ctrl-C, so a wait never
         outlives the run's cancel).
         """
-        op_id = f"op{next(_op_counter)}-{uuid.uuid4().hex[:6]}"
+        op_id = f"op{next(_op_counter)}-{unique_hex(6)}"
         policy = self.policy
         own = cancel if cancel is not None else self.cancel
 

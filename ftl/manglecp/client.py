@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from typing import Any, Callable, Mapping, Sequence
 
 from pydantic import BaseModel, ValidationError
 
 from ftl.errors import FtlError
+from ftl.ids import unique_hex
 from ftl.manglecp.facts import validate_facts
 from ftl.manglecp.messages import (
     Constraints, Fact, IntentResponse, InvokeResponse, Manifest, Progress, envelope, retry_hint_ms,
@@ -122,7 +122,7 @@ class ManglecpClient:
     @staticmethod
     def new_id() -> str:
         """A unique, non-empty request id (conformance C-2)."""
-        return "c-" + uuid.uuid4().hex
+        return "c-" + unique_hex(32)
 
     def _backoff_ms(self, attempt: int) -> float:
         return min(self.backoff_max_ms, self.backoff_base_ms * (2 ** attempt))

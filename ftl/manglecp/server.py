@@ -30,7 +30,6 @@ import copy
 import logging
 import os
 import threading
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from operator import itemgetter
@@ -39,6 +38,7 @@ from typing import Any, Callable, Mapping
 from pydantic_core import to_jsonable_python
 
 from ftl.errors import FtlError
+from ftl.ids import unique_hex
 from ftl.manglecp.access import ANONYMOUS, BearerAuth, ConfirmationTokens, Principal, Session, TokenBucket
 from ftl.manglecp.definitions import (
     BoundContext, Clock, EvaluationInput, EvaluationResult, Evaluator, InvocationContext,
@@ -304,7 +304,7 @@ class ManglecpServer:
         except ProtocolError as exc:
             return buffered + [exc.envelope(id=request_id)]
         except Exception:  # never a traceback on the wire
-            correlation_id = uuid.uuid4().hex[:12]
+            correlation_id = unique_hex(12)
             log.exception("internal error handling %s (correlation id %s)", env.type, correlation_id)
             return buffered + [make_error("internal_error",
                                           f"An internal error occurred (correlation id {correlation_id}).",
@@ -410,7 +410,7 @@ class ManglecpServer:
             raise ProtocolError(row.manglecp_code, _safe_message(exc), details,
                                 retry_after_ms=exc.retry_after_ms, recoverable=row.recoverable) from None
         except Exception:
-            correlation_id = uuid.uuid4().hex[:12]
+            correlation_id = unique_hex(12)
             log.exception("gate check for %s failed (correlation id %s)", tool.name, correlation_id)
             raise ProtocolError("internal_error",
                                 f"The gate check failed (correlation id {correlation_id}).",
@@ -697,7 +697,7 @@ class ManglecpServer:
                  sink: Callable[[dict[str, Any]], None], bound: BoundContext,
                  gate_decision: dict[str, Any] | None = None) -> dict[str, Any]:
         cancel = session.claim_cancel_flag(request_id)
-        correlation_id = uuid.uuid4().hex[:12]
+        correlation_id = unique_hex(12)
         sink_lock = threading.Lock()
         finished = threading.Event()
 
@@ -892,7 +892,7 @@ def encode_reply(message: Mapping[str, Any]) -> tuple[bytes, Mapping[str, Any]]:
     try:
         return encode(message), message
     except (ValueError, TypeError, RecursionError) as exc:
-        correlation_id = uuid.uuid4().hex[:12]
+        correlation_id = unique_hex(12)
         log.error("a %s for %r cannot be encoded (%s; correlation id %s)", message.get("type"),
                   message.get("id"), type(exc).__name__, correlation_id)
         replacement = make_error("internal_error",

@@ -272,3 +272,17 @@ def test_background_process_left_behind_is_found_through_the_pid_window(tmp_path
     assert window(background)
     assert span is not None and background in span  # a few pids: read one by one, no listdir
     assert wait_dead(background)  # found in the window and stopped
+
+
+@pytest.mark.parametrize("size", [0, 5, 16, 17, 100])
+def test_proc_files_are_read_whole_whatever_their_size(tmp_path: Path, monkeypatch, size: int) -> None:
+    """`_read_proc` reads into a reused per-thread buffer; a file that fills it is read on."""
+    from ftl.server.tools import proc
+
+    monkeypatch.setattr(proc, "_PROC_CHUNK", 16)
+    monkeypatch.setattr(proc, "_PROC_BUFFER", threading.local())
+    content = bytes(range(size))
+    (tmp_path / "f").write_bytes(content)
+    assert proc._read_proc(str(tmp_path / "f")) == content
+    assert proc._read_proc(str(tmp_path / "f")) == content  # the buffer again: nothing left over
+    assert proc._read_proc(str(tmp_path / "missing")) is None
