@@ -822,3 +822,17 @@ def test_ready_tasks_in_sql_is_the_dag_ready_set(data) -> None:
         expected = dag.ready_set(*store.task_graph(cid))
         assert [t["seq"] for t in store.ready_tasks(cid)] == expected
         assert store.ready_tasks(cid) == store.tasks(cid, seqs=expected)
+
+
+def test_an_unknown_campaign_is_not_found_by_every_task_read_also_after_a_known_one(tmp_path: Path) -> None:
+    """The store remembers campaigns it found (ftl never deletes one); an unknown id is still
+    asked about, and answered not_found, by every read of a task's hot path."""
+    with Store(tmp_path / "ftl.db") as store:
+        known = store.create_campaign("objective")["campaign_id"]
+        assert store.blocked_seqs(known) == [] and store.workspaces(known) == []
+        for read in (store.blocked_seqs, store.tasks, store.workspaces, store.counts,
+                     lambda cid: store.tasks(cid, seqs=["001"]), lambda cid: store.task(cid, "001")):
+            with pytest.raises(FtlError) as raised:
+                read("c-20260101-000000-dead")
+            assert raised.value.error_type == "not_found"
+            assert "campaign c-20260101-000000-dead" in str(raised.value.details)

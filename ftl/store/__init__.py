@@ -126,6 +126,7 @@ class Store(CampaignsMixin, PlanVersionsMixin, TasksMixin, TaskSetMixin, Workspa
         self._clock = clock or _utc_now
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._campaigns_seen: set[str] = set()  # `_require_campaign`
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

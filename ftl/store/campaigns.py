@@ -41,6 +41,13 @@ class CampaignsMixin:
             raise FtlError("not_found", {"what": f"campaign {campaign_id}"})
         return row
 
+    def _require_campaign(self, conn: sqlite3.Connection, campaign_id: str) -> None:
+        """Raise FtlError(not_found) unless the campaign exists. A campaign once found is
+        remembered (ftl never deletes one), so a task's store calls do not each ask again."""
+        if campaign_id not in self._campaigns_seen:
+            self._campaign_row(conn, campaign_id)
+            self._campaigns_seen.add(campaign_id)
+
     def _active_row(self, conn: sqlite3.Connection, campaign_id: str, action: str) -> sqlite3.Row:
         row = self._campaign_row(conn, campaign_id)
         if row["status"] != "active":
@@ -152,7 +159,7 @@ class CampaignsMixin:
         encoded = _dumps(tracked, "tracked")
         encoded_error = None if error is None else _dumps(error, "error")
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             conn.execute("UPDATE campaign SET machine_state = ?, tracked = ?, error = ?, updated_at = ? "
                          "WHERE campaign_id = ?", (state, encoded, encoded_error, self._now(), campaign_id))
 
@@ -166,14 +173,14 @@ class CampaignsMixin:
             raise _violation("inputs", "must be a JSON object")
         encoded = _dumps(inputs, "inputs")
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             conn.execute("UPDATE campaign SET inputs = ?, updated_at = ? WHERE campaign_id = ?",
                          (encoded, self._now(), campaign_id))
 
     def set_framework(self, campaign_id: str, framework: str | None) -> None:
         """Set the campaign's framework (from exploration or the plan). Raises: FtlError(not_found)."""
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             conn.execute("UPDATE campaign SET framework = ?, updated_at = ? WHERE campaign_id = ?",
                          (framework, self._now(), campaign_id))
 

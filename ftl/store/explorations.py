@@ -26,7 +26,7 @@ class ExplorationsMixin:
         encoded = _dumps(result, "result")
         status = result.get("status")
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             conn.execute("INSERT INTO explorer_result (campaign_id, mode, status, result, created_at) "
                          "VALUES (?, ?, ?, ?, ?)",
                          (campaign_id, mode, status if isinstance(status, str) else None, encoded, self._now()))
@@ -34,7 +34,7 @@ class ExplorationsMixin:
     def explorer_results(self, campaign_id: str) -> list[dict]:
         """The campaign's explorer results, oldest first: ``{mode, status, result, created_at}``."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute("SELECT mode, status, result, created_at FROM explorer_result "
                                 "WHERE campaign_id = ? ORDER BY id", (campaign_id,)).fetchall()
         return [{"mode": r[0], "status": r[1], "result": _loads(r[2]), "created_at": r[3]} for r in rows]
@@ -47,7 +47,7 @@ class ExplorationsMixin:
             raise _violation("exploration", "must be a JSON object")
         encoded = _dumps(exploration, "exploration")
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             return conn.execute("INSERT INTO exploration (campaign_id, exploration, created_at) VALUES (?, ?, ?)",
                                 (campaign_id, encoded, self._now())).lastrowid
 

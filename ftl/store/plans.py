@@ -118,7 +118,7 @@ class PlanVersionsMixin:
         Raises: FtlError(not_found) for an unknown campaign.
         """
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             return self._insert_plan(conn, campaign_id, plan, self._now())
 
     def get_plan(self, campaign_id: str, version: int | None = None) -> Plan:
@@ -138,7 +138,7 @@ class PlanVersionsMixin:
         # One snapshot: a shared version and the task rows' specs must be read from the same
         # state, or a merge committed in between would mix the old row with the new specs.
         with self._session(snapshot=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             if version is None:
                 row = conn.execute(f"SELECT {_PLAN_TEXT_COLUMNS} FROM plan WHERE campaign_id = ? "
                                    "ORDER BY version DESC LIMIT 1", (campaign_id,)).fetchone()
@@ -164,7 +164,7 @@ class PlanVersionsMixin:
         Raises: FtlError(not_found) for an unknown campaign or version.
         """
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             conn.execute("UPDATE plan SET executed_at = COALESCE(executed_at, ?) WHERE campaign_id = ? "
                          "AND version = ?", (self._now(), campaign_id, version))
             row = conn.execute("SELECT executed_at FROM plan WHERE campaign_id = ? AND version = ?",
@@ -182,7 +182,7 @@ class PlanVersionsMixin:
     def plan_versions(self, campaign_id: str) -> list[int]:
         """The campaign's saved plan versions, ascending."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             return [r[0] for r in conn.execute(
                 "SELECT version FROM plan WHERE campaign_id = ? ORDER BY version", (campaign_id,))]
 
@@ -195,7 +195,7 @@ class PlanVersionsMixin:
         Raises: FtlError(not_found) naming the campaign or the missing version.
         """
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             if version is None:
                 row = conn.execute("SELECT json_remove(plan, '$.tasks') FROM plan WHERE campaign_id = ? "
                                    "ORDER BY version DESC LIMIT 1", (campaign_id,)).fetchone()
@@ -223,7 +223,7 @@ class PlanVersionsMixin:
         Raises: FtlError(not_found) for an unknown campaign.
         """
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             row = conn.execute(
                 f"SELECT {', '.join('json_extract(plan, ?)' for _ in names)} FROM plan "
                 "WHERE campaign_id = ? ORDER BY version DESC LIMIT 1",

@@ -58,7 +58,7 @@ class TasksMixin:
         row = conn.execute("SELECT * FROM task WHERE campaign_id = ? AND seq = ?",
                            (campaign_id, seq)).fetchone()
         if row is None:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             raise FtlError("not_found", {"what": f"task {seq} of campaign {campaign_id}"})
         return row
 
@@ -69,19 +69,17 @@ class TasksMixin:
         revised_at, worker}`` (``spec`` is the Task as JSON); all of them, or only ``seqs``
         (canonical seqs; unknown ones are skipped). Raises: FtlError(not_found)."""
         with self._session() as conn:
+            self._require_campaign(conn, campaign_id)
             if seqs is None:
-                rows = [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
-            else:
-                wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
-                rows = []
-                for start in range(0, len(wanted), _SQL_BATCH):
-                    batch = wanted[start:start + _SQL_BATCH]
-                    rows += [self._task_dict(r) for r in conn.execute(
-                        f"SELECT * FROM task WHERE campaign_id = ? AND seq IN ({','.join('?' * len(batch))})",
-                        (campaign_id, *batch))]
-                rows.sort(key=lambda r: dag.seq_key(r["seq"]))
-            if not rows:  # no row: is the campaign itself unknown? (asked only then: a task's hot path)
-                self._campaign_row(conn, campaign_id)
+                return [self._task_dict(r) for r in self._task_rows(conn, campaign_id)]
+            wanted = list(dict.fromkeys(seqs))  # the rows are sorted below, once
+            rows: list[dict] = []
+            for start in range(0, len(wanted), _SQL_BATCH):
+                batch = wanted[start:start + _SQL_BATCH]
+                rows += [self._task_dict(r) for r in conn.execute(
+                    f"SELECT * FROM task WHERE campaign_id = ? AND seq IN ({','.join('?' * len(batch))})",
+                    (campaign_id, *batch))]
+            rows.sort(key=lambda r: dag.seq_key(r["seq"]))
             return rows
 
     def ready_tasks(self, campaign_id: str) -> list[dict]:
@@ -92,7 +90,7 @@ class TasksMixin:
         10,000-task plan: one query instead of the graph, a Python pass and a second read).
         Raises: FtlError(not_found)."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute(
                 "SELECT * FROM task AS t WHERE t.campaign_id = ? AND t.status = 'pending' "
                 "AND NOT EXISTS (SELECT 1 FROM json_each(t.depends) AS d "
@@ -106,7 +104,7 @@ class TasksMixin:
         every `ftl.dag` function, read without the task specs (a 10,000-task plan: 3 columns
         instead of 15, no spec JSON decoded). Raises: FtlError(not_found)."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute("SELECT seq, depends, status FROM task WHERE campaign_id = ? "
                                 "ORDER BY CAST(seq AS INTEGER)", (campaign_id,)).fetchall()
         return {r[0]: _loads(r[1]) for r in rows}, {r[0]: r[2] for r in rows}
@@ -116,10 +114,9 @@ class TasksMixin:
         (its size is the number of blocked tasks, not of all tasks: BUILD asks for every task).
         Raises: FtlError(not_found)."""
         with self._session() as conn:
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute("SELECT seq FROM task INDEXED BY task_blocked WHERE campaign_id = ? "
                                 "AND status = 'blocked'", (campaign_id,)).fetchall()
-            if not rows:
-                self._campaign_row(conn, campaign_id)
         return sorted((r[0] for r in rows), key=dag.seq_key)
 
     def task(self, campaign_id: str, seq: str) -> dict:
@@ -131,7 +128,7 @@ class TasksMixin:
     def counts(self, campaign_id: str) -> dict[str, int]:
         """Number of tasks per status: ``{pending, running, complete, blocked, total}``."""
         with self._session() as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute("SELECT status, COUNT(*) FROM task WHERE campaign_id = ? GROUP BY status",
                                 (campaign_id,)).fetchall()
         result = dict.fromkeys(dag.STATUSES, 0)
@@ -226,7 +223,7 @@ class TasksMixin:
         Returns: the seqs that were running, in seq order. Raises: FtlError(not_found).
         """
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             seqs = [r[0] for r in conn.execute(
                 "SELECT seq FROM task WHERE campaign_id = ? AND status = 'running' ORDER BY CAST(seq AS INTEGER)",
                 (campaign_id,))]

@@ -66,7 +66,7 @@ class WorkspacesMixin:
         encoded = _dumps(spec, "workspace")
         status, result = ("active", None) if built is None else ("built", _dumps(built, "built"))
         with self._session(write=True) as conn:
-            self._campaign_row(conn, campaign_id)
+            self._require_campaign(conn, campaign_id)
             if conn.execute("SELECT 1 FROM workspace WHERE campaign_id = ? AND workspace_id = ? AND attempt = ?",
                             (campaign_id, workspace_id, attempt)).fetchone():
                 raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
@@ -94,10 +94,10 @@ class WorkspacesMixin:
             raise _violation("status", f"must be one of {', '.join(allowed)}, got {status!r}")
         encoded = _dumps(result, "result")
         with self._session(write=True) as conn:
+            self._require_campaign(conn, campaign_id)
             row = conn.execute("SELECT status FROM workspace WHERE campaign_id = ? AND workspace_id = ? "
                                "AND attempt = ?", (campaign_id, workspace_id, attempt)).fetchone()
             if row is None:
-                self._campaign_row(conn, campaign_id)
                 raise FtlError("not_found", {"what": f"workspace {workspace_id} attempt {attempt} of "
                                                      f"campaign {campaign_id}"})
             if status not in WORKSPACE_TRANSITIONS.get(row[0], ()):
@@ -115,7 +115,6 @@ class WorkspacesMixin:
             query += " AND seq = ?"
             args += (_seq(seq),)
         with self._session() as conn:
+            self._require_campaign(conn, campaign_id)
             rows = conn.execute(query + " ORDER BY CAST(seq AS INTEGER), attempt, workspace_id", args).fetchall()
-            if not rows:
-                self._campaign_row(conn, campaign_id)
         return [self._workspace_dict(r) for r in rows]
