@@ -286,3 +286,23 @@ def test_proc_files_are_read_whole_whatever_their_size(tmp_path: Path, monkeypat
     assert proc._read_proc(str(tmp_path / "f")) == content
     assert proc._read_proc(str(tmp_path / "f")) == content  # the buffer again: nothing left over
     assert proc._read_proc(str(tmp_path / "missing")) is None
+
+
+def test_run_command_leaves_no_descriptor_open_whatever_the_outcome(tmp_path: Path) -> None:
+    """The pipes are plain descriptors (no file objects to close them when collected): every
+    path closes its own, the child's ends included."""
+    def open_fds() -> set[str]:
+        return set(os.listdir("/proc/self/fd"))
+
+    script = tmp_path / "not-executable"
+    script.write_text("#!/bin/sh\necho hi\n")
+    cases = [dict(command="echo out; echo err >&2"), dict(command="cat", stdin=b"x" * 200_000),
+             dict(command="cat", stdin=b"short"), dict(command=["no-such-program-zz"]),
+             dict(command=[str(script)]), dict(command="sleep 5", timeout_s=0.2),
+             dict(command="exec 1>&-; exec 2>&-; sleep 0.1")]
+    run_command("true", cwd=tmp_path, timeout_s=10)  # warm: lazily opened descriptors
+    before = open_fds()
+    for case in cases:
+        result = run_command(cwd=tmp_path, **{"timeout_s": 10, **case})
+        assert result is not None
+    assert open_fds() == before

@@ -294,6 +294,14 @@ def _stop_group(pgid: int, grace_s: float, sleep: Callable[[float], None] = time
     _signal_group(pgid, signal.SIGKILL)  # no-op for an empty group; catches late forks
 
 
+def _close_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                 cancel: threading.Event | None = None, stdin: bytes | None = None,
                 env: Mapping[str, str] | None = None, output_limit_bytes: int = 65536,
@@ -352,22 +360,44 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
     started = time.monotonic()
     if cancel is not None and cancel.is_set():  # cancelled before it began: do not start it
         return CommandResult(None, "", "", "", False, True, 0)
+    selector = selectors.DefaultSelector()  # made first: nothing is left to undo if it fails
     counters = pid_counters()  # before the leader's pid is allocated
+    # Plain pipe descriptors, not Popen's file objects (each costs three system calls to make:
+    # fstat, isatty, tell; the output is read with os.read anyway): the child's ends, then ours.
+    child_ends: list[int] = []
+    ours: list[int] = []
     try:
-        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        for index in range(3):  # stdin, stdout, stderr
+            read_end, write_end = os.pipe()  # close-on-exec; Popen gives the child its copies
+            child_ends.append(read_end if index == 0 else write_end)
+            ours.append(write_end if index == 0 else read_end)
+        proc = subprocess.Popen(argv, cwd=cwd, env=child_env, stdin=child_ends[0],
+                                stdout=child_ends[1], stderr=child_ends[2],
                                 start_new_session=True,
                                 # A recorded command outlives a dead ftl to record its own end
                                 # (checkpoint); the next resume waits for it (ledger deadline).
                                 preexec_fn=None if ledger is not None else _child_setup(os.getpid()))
-    except (FileNotFoundError, NotADirectoryError):
-        message = f"{argv[0]}: command not found\n"
-        return CommandResult(EXIT_NOT_FOUND, message, "", message, False, False,
-                             int((time.monotonic() - started) * 1000))
-    except PermissionError:
-        message = f"{argv[0]}: permission denied\n"
-        return CommandResult(EXIT_NOT_EXECUTABLE, message, "", message, False, False,
-                             int((time.monotonic() - started) * 1000))
+    except BaseException as exc:
+        _close_fds(ours)
+        selector.close()
+        if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            message = f"{argv[0]}: command not found\n"
+            return CommandResult(EXIT_NOT_FOUND, message, "", message, False, False,
+                                 int((time.monotonic() - started) * 1000))
+        if isinstance(exc, PermissionError):
+            message = f"{argv[0]}: permission denied\n"
+            return CommandResult(EXIT_NOT_EXECUTABLE, message, "", message, False, False,
+                                 int((time.monotonic() - started) * 1000))
+        raise
+    finally:
+        _close_fds(child_ends)
+    stdin_fd, stdout_fd, stderr_fd = ours
+    open_fds = set(ours)
+
+    def close_fd(fd: int) -> None:
+        if fd in open_fds:
+            open_fds.discard(fd)
+            _close_fds([fd])
 
     entry = (record(ledger, proc.pid, argv[-1], deadline_s=time.time() + timeout_s)
              if ledger is not None else None)
@@ -387,20 +417,18 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             on_stdout_line(line)
 
     pending_in = memoryview(stdin or b"")
-    selector = selectors.DefaultSelector()
     exit_fd = _pidfd(proc.pid)
     try:
-        assert proc.stdin and proc.stdout and proc.stderr
-        for stream, tail in ((proc.stdout, out), (proc.stderr, err)):
-            os.set_blocking(stream.fileno(), False)
-            selector.register(stream, selectors.EVENT_READ, tail)
+        for fd, tail in ((stdout_fd, out), (stderr_fd, err)):
+            os.set_blocking(fd, False)
+            selector.register(fd, selectors.EVENT_READ, tail)
         if exit_fd is not None:  # readable once the leader exits: the wait wakes at once
             selector.register(exit_fd, selectors.EVENT_READ, _EXIT)
         if pending_in:
-            os.set_blocking(proc.stdin.fileno(), False)
-            selector.register(proc.stdin, selectors.EVENT_WRITE, None)
+            os.set_blocking(stdin_fd, False)
+            selector.register(stdin_fd, selectors.EVENT_WRITE, None)
         else:
-            proc.stdin.close()
+            close_fd(stdin_fd)
 
         def pump(wait_s: float) -> None:
             nonlocal pending_in
@@ -417,7 +445,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
                         pending_in = pending_in[:0]
                     if not pending_in:
                         selector.unregister(key.fileobj)
-                        key.fileobj.close()
+                        close_fd(key.fd)
                     continue
                 try:
                     data = os.read(key.fd, _READ_CHUNK)
@@ -468,12 +496,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         selector.close()
         if exit_fd is not None:
             os.close(exit_fd)
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            if stream is not None and not stream.closed:
-                try:
-                    stream.close()
-                except OSError:
-                    pass
+        for fd in list(open_fds):
+            close_fd(fd)
         if proc.returncode is None:  # an exception escaped the loop: do not leak the group
             _signal_group(proc.pid, signal.SIGKILL)
             proc.wait()
