@@ -144,6 +144,26 @@ def _forget_kept(path: Path) -> None:
     getattr(_kept, "repos", {}).pop(str(path), None)
 
 
+def _kept_repo(path: Path, *, index: bool = False) -> Any:
+    """This thread's repository object for the work tree or git directory at ``path``
+    (`_open_kept`: opened again when the checkout or the configuration changed), or None when
+    libgit2 should not be used. Opening one costs 100-150 us, and a worktree task asked four
+    times. ``index``: re-read the index first when its file changed on disk (the git CLI, or
+    another thread's object, may have written it; libgit2 compares its size, inode and
+    nanosecond mtime). A write that fails drops the object (`_forget_kept`)."""
+    opened = _open_kept(path)
+    if opened is None:
+        return None
+    repo = opened[0]
+    if index:
+        try:
+            repo.index.read(False)
+        except (pygit2.GitError, OSError, ValueError):
+            _forget_kept(path)
+            return None
+    return repo
+
+
 def _porcelain(flags: int) -> str:
     """``git status --porcelain=v1``'s two-letter code for libgit2 status ``flags``."""
     if flags & FileStatus.CONFLICTED:
@@ -219,9 +239,16 @@ def stage_all(path: Path, base: str) -> list[str] | None:
         The changed paths (repository-relative, sorted); None when libgit2 cannot do it like git
         (the module docstring: nothing was written then): run the CLI.
     """
-    repo = _open(path)
+    repo = _kept_repo(path, index=True)
     if repo is None:
         return None
+    changed = _stage_all(repo, base)
+    if changed is None:  # its index may hold part of the additions: open it afresh next time
+        _forget_kept(path)
+    return changed
+
+
+def _stage_all(repo: Any, base: str) -> list[str] | None:
     try:
         index = repo.index
         for name, flags in repo.status(untracked_files="all", ignored=False).items():
@@ -263,7 +290,7 @@ def commit(path: Path, *, branch: str, parent: str, message: str, name: str,
     """
     if message != _cleaned(message):  # git would clean it; libgit2 writes it as given
         return None
-    repo = _open(path)
+    repo = _kept_repo(path, index=True)
     if repo is None:
         return None
     try:
@@ -274,6 +301,7 @@ def commit(path: Path, *, branch: str, parent: str, message: str, name: str,
         return str(repo.create_commit(f"refs/heads/{branch}", who, who, message, tree,
                                       [pygit2.Oid(hex=parent)]))
     except (pygit2.GitError, OSError, ValueError, KeyError):
+        _forget_kept(path)
         return None
 
 
@@ -300,7 +328,7 @@ def move_ref(repo_path: Path, ref: str, new: str, old: str) -> bool | None:
         True when moved; False when ``ref`` no longer points at ``old`` (nothing moved); None
         when libgit2 cannot do it like git: run the CLI.
     """
-    repo = _open(repo_path)
+    repo = _kept_repo(repo_path)
     if repo is None:
         return None
     try:
@@ -419,7 +447,7 @@ def is_ancestor(repo_path: Path, commit: str, of: str) -> bool | None:
         Whether ``commit`` is ``of`` or one of its ancestors; None when libgit2 cannot answer
         like git: run the CLI.
     """
-    repo = _open(repo_path)
+    repo = _kept_repo(repo_path)
     if repo is None:
         return None
     try:
@@ -488,7 +516,7 @@ def reset_worktree(path: Path, *, branch: str, base: str) -> bool:
         afterwards: no change, no untracked or ignored file); False when libgit2 could not do
         it like git (``base`` holds a ``.gitattributes``, or something is left): run the CLI.
     """
-    repo = _open(path)
+    repo = _kept_repo(path, index=True)
     if repo is None:
         return False
     try:
@@ -501,6 +529,10 @@ def reset_worktree(path: Path, *, branch: str, base: str) -> bool:
                            | pygit2.enums.CheckoutStrategy.REMOVE_IGNORED)
         repo.set_head(reference.name)
         repo.index.read(True)
-        return not repo.status(untracked_files="all", ignored=True) and str(repo.head.target) == base
+        if not repo.status(untracked_files="all", ignored=True) and str(repo.head.target) == base:
+            return True
+        _forget_kept(path)  # the CLI takes over: open it afresh after
+        return False
     except (pygit2.GitError, OSError, ValueError, KeyError, AttributeError):
+        _forget_kept(path)
         return False

@@ -278,6 +278,52 @@ def test_status_from_a_kept_repository_follows_every_change(setup: dict, ops: li
                 assert status_steps_aside(root) or "filter.lfs.clean" in git(root, "config", "-l")
 
 
+@settings(DIFFERENTIAL, max_examples=15)
+@given(setup=SETUPS, rounds=st.lists(st.lists(KEPT_OPS, min_size=1, max_size=4), min_size=1, max_size=3))
+def test_stage_and_commit_from_a_kept_repository_match_a_fresh_one(setup: dict, rounds: list) -> None:
+    """`stage_all`, `commit` and `reset_worktree` keep their repository object per thread too:
+    after git changed the checkout between two calls (files, index, config, HEAD, the checkout
+    made anew), the kept object stages, commits and resets as a freshly opened one does on an
+    identical copy, or both step aside."""
+    def both(operation, **arguments):
+        kept = operation(root, **arguments)
+        libgit._forget_kept(twin)  # the twin's object is opened afresh for each call
+        return kept, operation(twin, **arguments)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        root, twin = Path(tmp) / "r", Path(tmp) / "twin"
+        make_repo(root, {**setup, "attributes": ""})
+        libgit.stage_all(root, git(root, "rev-parse", "HEAD").strip())  # keeps it
+        for ops in rounds:
+            for op in ops:
+                apply_kept(root, op, setup)
+            shutil.rmtree(twin, ignore_errors=True)
+            shutil.copytree(root, twin, symlinks=True)
+            base = git(root, "rev-parse", "HEAD").strip()
+            kept, fresh = both(libgit.stage_all, base=base)
+            assert kept == fresh
+            assert git(root, "ls-files", "-s") == git(twin, "ls-files", "-s")
+            for place in (root, twin):
+                if kept is None:  # both stepped aside: the CLI stages, as ftl would
+                    git(place, "add", "-A")
+                (place / "late.txt").write_text(f"late {len(ops)}\n")  # git changes the index
+                git(place, "add", "late.txt")                           # under the kept object
+            branch = git(root, "symbolic-ref", "--short", "HEAD").strip()
+            made = both(libgit.commit, branch=branch, parent=base, message=MESSAGE, name=NAME,
+                        email=EMAIL)
+            assert (made[0] is None) == (made[1] is None)
+            if made[0] is None:
+                continue
+            assert len({git(place, "rev-parse", "HEAD^{tree}") for place in (root, twin)}) == 1
+            reset = both(libgit.reset_worktree, branch=branch, base=base)
+            assert reset[0] == reset[1]
+            if reset[0]:
+                assert git(root, "rev-parse", "HEAD").strip() == base and cli_status(root) == {}
+            else:  # the CLI resets, as ftl would
+                git(root, "checkout", "-q", "--force", "-B", branch, base)
+                git(root, "clean", "-q", "-ffdx")
+
+
 def test_status_of_a_place_that_became_another_repositorys_worktree(tmp_path: Path) -> None:
     """A kept repository is not used for a checkout that replaced it at the same path: here a
     worktree of another repository, whose index and HEAD live in that repository's git dir."""
@@ -672,7 +718,8 @@ def test_move_ref_loses_a_race_with_git_without_moving(tmp_path: Path,
     first, second = commits(root, 2)
     git(root, "update-ref", "refs/heads/integration", base)
     opened = libgit._open
-    monkeypatch.setattr(libgit, "_open", lambda path: _MovedUnderfoot(opened(path), root, second))
+    monkeypatch.setattr(libgit, "_kept_repo",
+                        lambda path, index=False: _MovedUnderfoot(opened(path), root, second))
     assert libgit.move_ref(root, "refs/heads/integration", first, base) is False
     assert git(root, "rev-parse", "integration").strip() == second
 
