@@ -7,6 +7,8 @@ and turns the returned dict into the ``invoke_response`` result.
 
 from __future__ import annotations
 
+import functools
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,9 +55,34 @@ def resolve_workdir(ctx: ToolContext, workdir: str | None, where: str) -> Path:
     """
     if not workdir:
         return ctx.repo
-    root = ctx.repo.resolve()
-    target = (root / workdir).resolve()
-    if Path(workdir).is_absolute() or not target.is_relative_to(root) or not target.is_dir():
+    relative = Path(workdir)
+    target = None
+    if not relative.is_absolute():
+        root = _resolved(ctx.repo)
+        target = _below(root, relative.parts)
+        if target is None:  # a "..", a "." or a symlink on the way: resolve it whole
+            target = (root / relative).resolve()
+    if target is None or not target.is_relative_to(root) or not target.is_dir():
         raise FtlError("workspace_invalid", {"seq": "?", "issues": [
             f"{where} must name an existing folder inside the repository"]})
     return target
+
+
+@functools.lru_cache(maxsize=64)
+def _resolved(repo: Path) -> Path:
+    """``repo`` with its symlinks resolved, once per path (every build and verify asks)."""
+    return repo.resolve()
+
+
+def _below(root: Path, parts: tuple[str, ...]) -> Path | None:
+    """``root`` joined with ``parts`` when that already is the resolved path: no part is ``..``
+    or ``.`` and none is a symlink (one ``lstat`` each, where resolving from ``/`` takes one per
+    part of the whole path); None otherwise."""
+    path = root
+    for part in parts:
+        if part in ("..", "."):
+            return None
+        path = path / part
+        if os.path.islink(path):
+            return None
+    return path
