@@ -306,11 +306,12 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
     commit, tree, built = None, None, None
     build_result: dict[str, Any] = {}
     verify: dict[str, Any] = {}
-    found = _reused_commit(run, task, workspace, spec, recorded)
+    earlier = run.store.workspaces(run.campaign_id, seq)  # this task's attempts so far
+    found = _reused_commit(run, task, workspace, spec, recorded, earlier)
     if found is not None:
         commit, build_result = found, {"reused_commit": found.commit}
     else:
-        previous = _already_built(run, seq, spec)
+        previous = _already_built(run, seq, spec, earlier)
         if previous is not None and previous[1].get("base_commit"):
             tree = trees.reuse(name, previous[1]["base_commit"], previous[1].get("workdir"))
             built = previous[0] if tree is not None else None
@@ -353,11 +354,14 @@ def _attempt_in_worktree(run: Run, task: Any, workspace: Any, spec: dict[str, An
 
 
 def _reused_commit(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
-                   recorded: list[Any]) -> Any:
+                   recorded: list[Any], rows: list[dict[str, Any]] | None = None) -> Any:
     """The task's verified commit from before a crash (same spec), recorded as reused; or None.
-    Only an attempt after an earlier one (a resume, a re-run) can find its commit made."""
+    Only an attempt after an earlier one (a resume, a re-run) can find its commit made.
+    ``rows``: the task's workspace rows, when the caller has read them."""
     trees = run.worktrees
-    earlier = workspace.attempt > 1 or bool(run.store.workspaces(run.campaign_id, task.seq))
+    if rows is None:
+        rows = run.store.workspaces(run.campaign_id, task.seq)
+    earlier = workspace.attempt > 1 or bool(rows)
     found = trees.task_commit(workspace.workspace_id) if earlier else None
     if found is None or found.trailers.get("Ftl-Spec") != spec_digest(spec):
         return None
@@ -765,8 +769,8 @@ def _emit_failure(run: Run, error: FtlError, *, tool: str, seq: str,
     error.emitted = True
 
 
-def _already_built(run: Run, seq: str,
-                   spec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def _already_built(run: Run, seq: str, spec: dict[str, Any], rows: list[dict[str, Any]] | None = None
+                   ) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The result of a build that finished before a crash, so that resume verifies instead of
     building again, with the spec of the attempt that built it: ``(result, spec)`` or None.
 
@@ -776,9 +780,12 @@ def _already_built(run: Run, seq: str,
     before its command completed, so the attempt before it is looked at, except after a
     worktree attempt (it reset the folder the earlier build was in). Anything else
     (blocked, cancelled, active), or an attempt whose command or scope differs from ``spec``
-    (a re-plan changed the task), ends the walk: there is nothing to reuse.
+    (a re-plan changed the task), ends the walk: there is nothing to reuse. ``rows``: the
+    task's workspace rows, when the caller has read them.
     """
-    for row in reversed(run.store.workspaces(run.campaign_id, seq)):
+    if rows is None:
+        rows = run.store.workspaces(run.campaign_id, seq)
+    for row in reversed(rows):
         old = row.get("spec") or {}
         if any(old.get(key) != spec.get(key) for key in ("run", "delta", "creates")):
             return None
