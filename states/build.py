@@ -834,9 +834,11 @@ def _with_checkpoint(command: str, checkpoint: Path) -> str:
     target = shlex.quote(str(checkpoint))
     if _OWNS_THE_SHELL.search(command):
         return (f"(\n{command}\n)\nftl_status=$?\n"
-                f"if [ $ftl_status -eq 0 ]; then : >| {target}; fi\n"
-                "exit $ftl_status")
-    return (f"ftl_checkpoint() {{ ftl_status=$?; if [ $ftl_status -eq 0 ]; then : >| {target}; fi; }}\n"
+                f"case \"$ftl_status\" in 0) : >| {target};; esac\n"
+                "exit \"$ftl_status\"")
+    # `case` on the quoted status: the command runs in this shell, and an IFS it set must not
+    # split the status (IFS=1 would make exit 10 read as 0).
+    return (f"ftl_checkpoint() {{ ftl_status=$?; case \"$ftl_status\" in 0) : >| {target};; esac; }}\n"
             f"trap ftl_checkpoint EXIT\n{command}\n")
 
 

@@ -802,6 +802,8 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
     ("echo done # a trailing comment", 0, True),
     ("cat <<EOF\nhere\nEOF", 0, True),
     ("set -C; true", 0, True),         # noclobber does not stop the checkpoint
+    ("IFS=1; exit 10", 10, False),     # an IFS the command set does not split the status
+    ("IFS=0; true", 0, True),
     # the command could replace the shell or the trap: the subshell wrapper
     ("trap 'echo own' EXIT; true", 0, True),
     ("exec true", 0, True),
