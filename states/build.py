@@ -55,6 +55,7 @@ commit integrated into the campaign's branch. The commit is the record resume lo
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -821,23 +822,34 @@ def _checkpoint(run: Run, workspace: Any, round_: int = 1) -> Path:
 _OWNS_THE_SHELL = re.compile(r"\b(?:trap|exec|eval|source)\b|(?:^|[\s;&|(`])\.\s")
 
 
-def _with_checkpoint(command: str, checkpoint: Path) -> str:
+@functools.cache
+def _sh_is_dash() -> bool:
+    """Whether ``/bin/sh`` (which runs shell commands, `ftl.server.tools.proc.run_command`) is
+    dash. bash, as ``/bin/sh`` on Fedora, RHEL or Arch, runs an EXIT trap when a signal kills it
+    (a timeout's SIGTERM, a SIGPIPE after ftl died), with ``$?`` of the last command that
+    finished: the EXIT-trap wrapper would then record a killed build as built. dash does not."""
+    return os.path.basename(os.path.realpath("/bin/sh")) == "dash"
+
+
+def _with_checkpoint(command: str, checkpoint: Path, *, trap: bool | None = None) -> str:
     """``command`` wrapped so that the shell writes the checkpoint (a builtin's redirection) when
     it exits 0.
 
-    An EXIT trap does it without a second process: the command runs in the wrapper's own shell,
-    and ``exit 0`` anywhere in it still reaches the trap. A command that could replace the shell
-    or the trap (`_OWNS_THE_SHELL`) runs in a subshell instead (one fork more, about 0.3 ms),
-    followed by the same check. Newlines separate the parts, so a trailing ``# comment`` in the
-    command cannot swallow the wrapper; the command's exit status is the wrapper's.
+    Where ``/bin/sh`` is dash, an EXIT trap does it without a second process: the command runs
+    in the wrapper's own shell, and ``exit 0`` anywhere in it still reaches the trap, while a
+    signal that kills the shell does not. Elsewhere (``trap`` False; None: `_sh_is_dash`), and
+    for a command that could replace the shell or the trap (`_OWNS_THE_SHELL`), the command runs
+    in a subshell (one fork more, about 0.3 ms) and the wrapper checks its status. Newlines
+    separate the parts, so a trailing ``# comment`` in the command cannot swallow the wrapper;
+    the command's exit status is the wrapper's.
     """
     target = shlex.quote(str(checkpoint))
-    if _OWNS_THE_SHELL.search(command):
+    if not (_sh_is_dash() if trap is None else trap) or _OWNS_THE_SHELL.search(command):
         return (f"(\n{command}\n)\nftl_status=$?\n"
                 f"case \"$ftl_status\" in 0) : >| {target};; esac\n"
                 "exit \"$ftl_status\"")
     # `case` on the quoted status: the command runs in this shell, and an IFS it set must not
-    # split the status (IFS=1 would make exit 10 read as 0).
+    # split the status.
     return (f"ftl_checkpoint() {{ ftl_status=$?; case \"$ftl_status\" in 0) : >| {target};; esac; }}\n"
             f"trap ftl_checkpoint EXIT\n{command}\n")
 

@@ -792,6 +792,7 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
         assert blocked.status == "blocked" and finished == ["blocked"]
 
 
+@pytest.mark.parametrize("shell, trap", [("/bin/sh", None), ("bash", False), ("dash", True)])
 @pytest.mark.parametrize("command, status, written", [
     ("true", 0, True),
     ("false", 1, False),
@@ -804,6 +805,7 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
     ("set -C; true", 0, True),         # noclobber does not stop the checkpoint
     ("IFS=1; exit 10", 10, False),     # an IFS the command set does not split the status
     ("IFS=0; true", 0, True),
+    ("kill -TERM $$", -15, False),     # killed: never a checkpoint
     # the command could replace the shell or the trap: the subshell wrapper
     ("trap 'echo own' EXIT; true", 0, True),
     ("exec true", 0, True),
@@ -811,12 +813,38 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
     (". /dev/null; true", 0, True),
     ("eval 'exit 0'", 0, True),
 ])
-def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Path, command: str,
+def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Path, shell: str,
+                                                                   trap: bool | None, command: str,
                                                                    status: int, written: bool) -> None:
+    """Under /bin/sh as configured here (the EXIT-trap form where it is dash), under bash in the
+    subshell form ftl uses where /bin/sh is not dash, and under dash in the trap form."""
+    import shutil
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
     checkpoint = tmp_path / "it's a dir" / "001-a-1.built"  # quoting: a quote and a space
     checkpoint.parent.mkdir()
-    wrapped = build_state._with_checkpoint(command, checkpoint)
-    done = subprocess.run(["/bin/sh", "-c", wrapped], capture_output=True, text=True, timeout=10)
+    wrapped = build_state._with_checkpoint(command, checkpoint, trap=trap)
+    done = subprocess.run([shell, "-c", wrapped], capture_output=True, text=True, timeout=10)
     assert (done.returncode, checkpoint.exists()) == (status, written), done.stderr
     owns = build_state._OWNS_THE_SHELL.search(command) is not None
-    assert wrapped.startswith("(\n") == owns  # one process less unless the command may need it
+    trapped = build_state._sh_is_dash() if trap is None else trap
+    assert wrapped.startswith("(\n") == (owns or not trapped)
+
+
+@pytest.mark.parametrize("shell, trap", [("/bin/sh", None), ("bash", False), ("dash", True)])
+def test_a_build_stopped_at_its_timeout_leaves_no_checkpoint(tmp_path: Path, shell: str,
+                                                             trap: bool | None) -> None:
+    """The timeout stops the group with SIGTERM: a checkpoint would make the retry take the
+    killed build as done. (bash runs an EXIT trap on such a signal, with the status of the last
+    command that finished: why the trap form is used only where /bin/sh is dash.)"""
+    import shutil
+
+    from ftl.server.tools.proc import run_command
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed")
+    checkpoint = tmp_path / "001-a-1.built"
+    wrapped = build_state._with_checkpoint("true; sleep 5", checkpoint, trap=trap)
+    result = run_command([shell, "-c", wrapped], cwd=tmp_path, timeout_s=0.5)
+    assert result.timed_out and not checkpoint.exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import logging
 import os
 import queue
@@ -637,6 +638,12 @@ def test_a_named_repository_whose_ftl_folder_links_out_is_refused(tmp_path: Path
                                                        "keyword": "x-root", "path": "/repo"}
     assert list(outside.iterdir()) == []  # nothing was written through the link
     (served / "inner" / ".ftl").unlink()
+    (served / "inner" / ".ftl").mkdir()  # a real folder whose store links out: refused too
+    (served / "inner" / ".ftl" / "ftl.db").symlink_to(outside / "ftl.db")
+    [answer] = session(make_server(served), [("campaign_status", {"repo": "inner"})])
+    assert rpc_error(answer, -32602, "invalid_params")["details"]["schema_errors"][0]["keyword"] == "x-root"
+    assert list(outside.iterdir()) == []
+    shutil.rmtree(served / "inner" / ".ftl")
     (served / "inner" / ".ftl").symlink_to(served / "state", target_is_directory=True)
     (served / "state").mkdir()  # a link that stays inside the roots is fine
     [answer] = session(make_server(served), [("campaign_status", {"repo": "inner"})])

@@ -525,9 +525,24 @@ class FtlMcpServer:
         path = self._confined(self.repo, value, "/repo")
         if not path.is_dir():
             raise FtlError("not_found", {"what": "the repository directory given by repo"})
-        if os.path.lexists(path / ".ftl"):  # ftl writes there: a link out would take the writes along
-            self._confined(path, ".ftl", "/repo")
+        self._confine_state(path)
         return path
+
+    def _confine_state(self, repo: Path) -> None:
+        """Refuse ``repo`` when its ``.ftl`` folder, or an entry directly in it (``ftl.db``, the
+        events, checkpoints and worktrees folders, ...), links out of the roots: ftl's writes
+        would follow the link. Raises: FtlError(invalid_params, keyword x-root)."""
+        state = repo / ".ftl"
+        if not os.path.lexists(state):
+            return
+        self._confined(repo, ".ftl", "/repo")
+        try:
+            entries = os.listdir(state)
+        except OSError:  # not a folder: the store reports it when it opens
+            return
+        for name in entries:
+            if os.path.islink(state / name):
+                self._confined(state, name, "/repo")
 
     def resolve_path(self, repo: Path, value: str, field: str = "/path") -> Path:
         """``value`` (relative to ``repo``) as a resolved path inside the server's roots.

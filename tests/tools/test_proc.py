@@ -305,4 +305,6 @@ def test_run_command_leaves_no_descriptor_open_whatever_the_outcome(tmp_path: Pa
     for case in cases:
         result = run_command(cwd=tmp_path, **{"timeout_s": 10, **case})
         assert result is not None
+    with pytest.raises(TypeError):  # a caller's bug: found before anything is made or started
+        run_command("sleep 1", cwd=tmp_path, timeout_s=10, stdin="not bytes")  # type: ignore[arg-type]
     assert open_fds() == before

@@ -360,6 +360,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
     started = time.monotonic()
     if cancel is not None and cancel.is_set():  # cancelled before it began: do not start it
         return CommandResult(None, "", "", "", False, True, 0)
+    pending_in = memoryview(stdin or b"")  # a stdin that is not bytes fails before anything starts
     selector = selectors.DefaultSelector()  # made first: nothing is left to undo if it fails
     counters = pid_counters()  # before the leader's pid is allocated
     # Plain pipe descriptors, not Popen's file objects (each costs three system calls to make:
@@ -399,8 +400,6 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             open_fds.discard(fd)
             _close_fds([fd])
 
-    entry = (record(ledger, proc.pid, argv[-1], deadline_s=time.time() + timeout_s)
-             if ledger is not None else None)
     timed_out = cancelled = idle_timed_out = False
     partial_line = bytearray()
     last_stdout = time.monotonic()
@@ -416,9 +415,12 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             del partial_line[:newline + 1]
             on_stdout_line(line)
 
-    pending_in = memoryview(stdin or b"")
-    exit_fd = _pidfd(proc.pid)
-    try:
+    entry: Path | None = None
+    exit_fd: int | None = None
+    try:  # from here on, whatever is raised, the finally closes and reaps what was made
+        if ledger is not None:
+            entry = record(ledger, proc.pid, argv[-1], deadline_s=time.time() + timeout_s)
+        exit_fd = _pidfd(proc.pid)
         for fd, tail in ((stdout_fd, out), (stderr_fd, err)):
             os.set_blocking(fd, False)
             selector.register(fd, selectors.EVENT_READ, tail)
