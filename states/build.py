@@ -818,8 +818,10 @@ def _checkpoint(run: Run, workspace: Any, round_: int = 1) -> Path:
 
 
 # Words after which the command may replace the shell (exec) or its EXIT trap (trap), itself or
-# in code it runs in the same shell (eval, source, "."): such a command keeps the subshell wrapper.
-_OWNS_THE_SHELL = re.compile(r"\b(?:trap|exec|eval|source)\b|(?:^|[\s;&|(`])\.\s")
+# in code it runs in the same shell (eval, source, "."), or touch the wrapper's own names: such a
+# command keeps the subshell wrapper.
+_OWNS_THE_SHELL = re.compile(r"\b(?:trap|exec|eval|source|ftl_checkpoint|ftl_status)\b"
+                             r"|(?:^|[\s;&|(`])\.\s")
 
 
 @functools.cache

@@ -812,6 +812,8 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
     ("exec false", 1, False),
     (". /dev/null; true", 0, True),
     ("eval 'exit 0'", 0, True),
+    ("ftl_checkpoint() { exit 7; }; true", 0, True),  # the wrapper's own names: a subshell
+    ("unset -f ftl_checkpoint; true", 0, True),
 ])
 def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Path, shell: str,
                                                                    trap: bool | None, command: str,
