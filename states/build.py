@@ -845,15 +845,12 @@ def _with_checkpoint(command: str, checkpoint: Path, *, trap: bool | None = None
     separate the parts, so a trailing ``# comment`` in the command cannot swallow the wrapper;
     the command's exit status is the wrapper's.
     """
-    target = shlex.quote(str(checkpoint))
+    # `case` on the quoted status: in the trap form the command runs in this shell, and an IFS
+    # it set must not split the status.
+    write = f'case "$ftl_status" in 0) : >| {shlex.quote(str(checkpoint))};; esac'
     if not (_sh_is_dash() if trap is None else trap) or _OWNS_THE_SHELL.search(command):
-        return (f"(\n{command}\n)\nftl_status=$?\n"
-                f"case \"$ftl_status\" in 0) : >| {target};; esac\n"
-                "exit \"$ftl_status\"")
-    # `case` on the quoted status: the command runs in this shell, and an IFS it set must not
-    # split the status.
-    return (f"ftl_checkpoint() {{ ftl_status=$?; case \"$ftl_status\" in 0) : >| {target};; esac; }}\n"
-            f"trap ftl_checkpoint EXIT\n{command}\n")
+        return f'(\n{command}\n)\nftl_status=$?\n{write}\nexit "$ftl_status"'
+    return f"ftl_checkpoint() {{ ftl_status=$?; {write}; }}\ntrap ftl_checkpoint EXIT\n{command}\n"
 
 
 def _trim(result: dict[str, Any]) -> dict[str, Any]:

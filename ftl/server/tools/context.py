@@ -56,12 +56,10 @@ def resolve_workdir(ctx: ToolContext, workdir: str | None, where: str) -> Path:
     if not workdir:
         return ctx.repo
     relative = Path(workdir)
-    target = None
-    if not relative.is_absolute():
-        root = _resolved(ctx.repo)
-        target = _below(root, relative.parts)
-        if target is None:  # a "..", a "." or a symlink on the way: resolve it whole
-            target = (root / relative).resolve()
+    root = _resolved(ctx.repo)
+    # a "..", a "." or a symlink on the way: resolved whole
+    target = None if relative.is_absolute() else (_below(root, relative.parts)
+                                                  or (root / relative).resolve())
     if target is None or not target.is_relative_to(root) or not target.is_dir():
         raise FtlError("workspace_invalid", {"seq": "?", "issues": [
             f"{where} must name an existing folder inside the repository"]})
