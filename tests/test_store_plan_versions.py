@@ -277,3 +277,46 @@ def test_a_shared_version_is_read_in_one_snapshot(tmp_path: Path, monkeypatch) -
         monkeypatch.setattr(Store, "_plan_text", staticmethod(original))
         assert not reader._conn.in_transaction
         assert reader.plan_text(cid, 1) == saved and '"verify":"changed"' in reader.plan_text(cid, 2)
+
+
+def test_a_big_add_tasks_holds_its_pages_in_cache_and_gives_the_cache_back(tmp_path: Path) -> None:
+    # 3 MB of specs: past SQLite's default 2 MB cache, which spilled pages to the WAL mid-insert.
+    # The statements show the cache raised for the insert and set back after it, and the rows'
+    # INSERT needs no statement journal (OR ROLLBACK).
+    rows = lean_plan_rows(raw_plan(list(range(1, 1201)), verify="make check " + "x" * 2500))
+    assert rows is not None and sum(len(t.spec) for t in rows.tasks) > 3_000_000
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["campaign_id"]
+        default = store._conn.execute("PRAGMA cache_size").fetchone()[0]
+        statements: list[str] = []
+        store._conn.set_trace_callback(statements.append)
+        store.add_tasks(cid, rows)
+        store._conn.set_trace_callback(None)
+        sizes = [int(s.rsplit("=", 1)[1]) for s in statements if s.startswith("PRAGMA cache_size =")]
+        assert sizes[0] <= -5800 and sizes[-1] == default  # KiB: twice the specs' size, then back
+        assert store._conn.execute("PRAGMA cache_size").fetchone()[0] == default
+        inserts = [s for s in statements if s.startswith("INSERT") and "INTO task " in s]
+        assert inserts and all(s.startswith("INSERT OR ROLLBACK INTO task ") for s in inserts)
+        assert len(store.ready_tasks(cid)) == 1 and store.integrity_check() == "ok"
+
+
+def test_an_add_tasks_insert_that_fails_saves_nothing_and_the_store_goes_on(tmp_path: Path) -> None:
+    # The insert rolls the whole transaction back itself (OR ROLLBACK); the session must not
+    # trip over the transaction being gone, and nothing of the plan may stay behind. A duplicate
+    # seq that claims to be checked is the only way to make a row conflict here.
+    good = lean_plan_rows(raw_plan([1, 2, 3]))
+    assert good is not None
+    broken = PlanRows(plan_json=good.plan_json, framework=good.framework,
+                      tasks=[*good.tasks, good.tasks[0]], graph_checked=True)
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["campaign_id"]
+        default = store._conn.execute("PRAGMA cache_size").fetchone()[0]
+        with pytest.raises(FtlError):
+            store.add_tasks(cid, broken)
+        assert store._conn.execute("SELECT COUNT(*) FROM task").fetchone()[0] == 0
+        assert store.plan_versions(cid) == []
+        assert store._conn.execute("PRAGMA cache_size").fetchone()[0] == default
+        assert store._conn.execute("PRAGMA ignore_check_constraints").fetchone()[0] == 0
+        assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert store.add_tasks(cid, good) == ["001", "002", "003"]
+        assert store.integrity_check() == "ok"
