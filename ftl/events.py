@@ -17,7 +17,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-import jsonlines
 from pydantic import BaseModel, ConfigDict, Field
 
 from ftl.sanitize import scrub_value
@@ -76,6 +75,15 @@ ACTION_EVENTS = frozenset({
 
 _RESERVED = frozenset({"ts", "seq", "campaign_id", "event"})
 _DUMPS = lambda obj: json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)  # noqa: E731
+
+
+def _writer(file: Any) -> Any:
+    """A jsonlines writer of one event per line on ``file``, flushed after each line. jsonlines
+    (and attrs under it, about 10 ms) loads here, with the first log a process opens: the
+    embedded server imports this module for its helpers and never writes a log."""
+    import jsonlines
+
+    return jsonlines.Writer(file, flush=True, dumps=_DUMPS)
 
 
 def utc_now() -> str:
@@ -304,7 +312,7 @@ class EventLog:
         removed = repair_tail(path)
         self._seq = self._last_seq(path)
         self._file = open(path, "a", encoding="utf-8")
-        self._writer = jsonlines.Writer(self._file, flush=True, dumps=_DUMPS)
+        self._writer = _writer(self._file)
         if removed:
             self.emit(LOG_REPAIRED, truncated_bytes=removed)
 
@@ -376,7 +384,7 @@ class EventLog:
         except OSError:
             pass
         self._file = open(self.path, "a", encoding="utf-8")
-        self._writer = jsonlines.Writer(self._file, flush=True, dumps=_DUMPS)
+        self._writer = _writer(self._file)
 
     def close(self) -> None:
         with self._lock:
@@ -404,7 +412,16 @@ def iter_many(paths: Iterable[Path], report: ReadReport | None = None) -> Iterat
         yield from read_events(path, report)
 
 
-class TaskPlacedFields(BaseModel):
+class _Fields(BaseModel):
+    """The base of the event-field models below. They describe events for the schema files and
+    for replay; no event is validated while it is written, so their validators are built at
+    first use (pydantic's ``defer_build``): building the six cost 5-8 ms of every import of this
+    module, the embedded server's boot included (issue 11 item 2)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class TaskPlacedFields(_Fields):
     """``TASK_PLACED``: a Ray cluster started one attempt of a task on a node (issue 14).
 
     ``TASK_START`` comes first (``executor: "ray"``, no node: Ray picks it); ``TASK_END``
@@ -420,7 +437,7 @@ class TaskPlacedFields(BaseModel):
     worker: str = Field(description="The driver's lane that drives the task (w1, w2, ...).")
 
 
-class TaskCommitFields(BaseModel):
+class TaskCommitFields(_Fields):
     """``TASK_COMMIT``: a verified task's result committed in its worktree."""
 
     task_seq: str
@@ -431,7 +448,7 @@ class TaskCommitFields(BaseModel):
     files: list[str] = Field(description="The first 50 of them.")
 
 
-class TaskIntegratedFields(BaseModel):
+class TaskIntegratedFields(_Fields):
     """``TASK_INTEGRATED``: that commit integrated into ``ftl/<campaign_id>/integration``."""
 
     task_seq: str
@@ -442,7 +459,7 @@ class TaskIntegratedFields(BaseModel):
     fast_forward: bool
 
 
-class MergeConflictFields(BaseModel):
+class MergeConflictFields(_Fields):
     """``MERGE_CONFLICT``: that commit conflicts with the integration head (paths, never
     contents)."""
 
@@ -454,7 +471,7 @@ class MergeConflictFields(BaseModel):
     round: int = Field(ge=1, le=2, description="1: re-run on the new head follows; 2: blocked.")
 
 
-class RateGateFields(BaseModel):
+class RateGateFields(_Fields):
     """``RATE_GATE``: the agents' shared rate gate closed or opened (issue 12)."""
 
     closed: bool = Field(description="True: no new agent starts until reopens_at; False: open.")
@@ -493,7 +510,7 @@ class EventRecord(BaseModel):
     per line (that would cost a validation per event on the hot path).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     ts: str = Field(description="RFC 3339 UTC timestamp with milliseconds, e.g. 2026-11-21T04:15:03.120Z.")
     seq: int = Field(ge=1, description="Strictly increasing per log, continued across resumes.")

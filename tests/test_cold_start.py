@@ -138,3 +138,42 @@ def test_the_embedded_server_boots_without_the_plan_models_or_a_client(tmp_path:
     modules = set(data["modules"])
     assert "ftl.manglecp.server" in modules and "ftl.server.tools.builders" in modules  # it did boot
     assert {"ftl.models", "ftl.validation", "ftl.manglecp.client", "ftl.manglecp.transport"} & modules == set()
+
+
+_BOOT_PROBE = """
+import json, sys
+from pathlib import Path
+from ftl.config import Config
+from ftl.server.app import build_server
+import ftl.events as ev
+
+server = build_server(Path(sys.argv[2]), Config(), isolation="thread")
+built = {m.__name__: bool(m.__pydantic_complete__) for m in (*ev.EVENT_FIELDS.values(), ev.EventRecord)}
+server.close()
+with open(sys.argv[1], "w") as out:
+    json.dump({"modules": sorted(sys.modules), "built": built}, out)
+"""
+
+
+def test_the_embedded_server_boots_without_the_event_log_writer(tmp_path: Path):
+    # The server imports ftl.events for its helpers and never writes a log: the writer's
+    # library (jsonlines, and attrs under it) and the event-field models' validators wait for
+    # first use (issue 11 item 2, boot time). A campaign that writes its log loads them then.
+    report = tmp_path / "boot.json"
+    done = subprocess.run([sys.executable, "-c", _BOOT_PROBE, str(report), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert report.exists(), done.stderr[-2000:]
+    data = json.loads(report.read_text())
+    assert "ftl.events" in data["modules"] and "ftl.server.tools.cascade" in data["modules"]
+    assert not {"jsonlines", "attr"} & set(data["modules"])
+    assert not any(data["built"].values()), data["built"]
+
+
+def test_the_event_models_still_validate_and_describe_events():
+    import ftl.events as ev
+
+    fields = ev.TaskCommitFields.model_validate({"task_seq": "001", "attempt": 1, "commit": "a" * 40,
+                                                 "base": "b" * 40, "file_count": 0, "files": []})
+    assert fields.attempt == 1
+    schema = ev.add_event_fields(ev.EventRecord.model_json_schema())
+    assert set(schema["$defs"]) >= {m.__name__ for m in ev.EVENT_FIELDS.values()}
