@@ -8,7 +8,6 @@ and from design.md §4.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -124,6 +123,8 @@ def load_config(path: Path | None, repo: Path, **overrides: Any) -> Config:
     data: dict[str, Any] = {}
     source = path or (repo / "ftl.toml")
     if path is not None or source.exists():
+        import tomllib  # only where a file is read: the embedded server gets its config as JSON
+
         try:
             data = tomllib.loads(source.read_text(encoding="utf-8"))
         except OSError as exc:  # the name only: a response never carries an absolute path

@@ -149,24 +149,42 @@ import ftl.events as ev
 
 server = build_server(Path(sys.argv[2]), Config(), isolation="thread")
 built = {m.__name__: bool(m.__pydantic_complete__) for m in (*ev.EVENT_FIELDS.values(), ev.EventRecord)}
+schemas = {name: repr(tool.input_schema) for name, tool in server.catalog.items()}
 server.close()
 with open(sys.argv[1], "w") as out:
-    json.dump({"modules": sorted(sys.modules), "built": built}, out)
+    json.dump({"modules": sorted(sys.modules), "built": built, "schemas": schemas}, out)
 """
 
 
-def test_the_embedded_server_boots_without_the_event_log_writer(tmp_path: Path):
+def test_the_embedded_server_boots_without_what_it_needs_only_later(tmp_path: Path):
     # The server imports ftl.events for its helpers and never writes a log: the writer's
     # library (jsonlines, and attrs under it) and the event-field models' validators wait for
-    # first use (issue 11 item 2, boot time). A campaign that writes its log loads them then.
+    # first use; so do the tools' JSON schemas (made when a tool is first selected) and the
+    # TOML reader (the runner passes the configuration as JSON). Issue 11 item 2, boot time.
     report = tmp_path / "boot.json"
     done = subprocess.run([sys.executable, "-c", _BOOT_PROBE, str(report), str(tmp_path)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert report.exists(), done.stderr[-2000:]
     data = json.loads(report.read_text())
     assert "ftl.events" in data["modules"] and "ftl.server.tools.cascade" in data["modules"]
-    assert not {"jsonlines", "attr"} & set(data["modules"])
+    assert not {"jsonlines", "attr", "tomllib"} & set(data["modules"])
     assert not any(data["built"].values()), data["built"]
+    assert len(data["schemas"]) >= 10
+    assert all("not made yet" in text for text in data["schemas"].values()), data["schemas"]
+
+
+def test_a_tool_schema_made_late_is_the_advertised_schema(tmp_path: Path):
+    import importlib
+
+    from ftl.config import Config
+    from ftl.server.catalog import TOOL_SPECS, TOOLS_PACKAGE, advertised_schema, build_catalog
+
+    catalog, _ = build_catalog(tmp_path, Config())
+    for spec in TOOL_SPECS:
+        model = getattr(importlib.import_module(f"{TOOLS_PACKAGE}.{spec.module}"), spec.args_model)
+        schema = catalog[spec.name].input_schema
+        assert dict(schema) == advertised_schema(model, spec.server_bound) == schema
+        assert "made" in repr(schema) and "not made" not in repr(schema)
 
 
 def test_the_event_models_still_validate_and_describe_events():

@@ -401,6 +401,40 @@ def advertised_schema(model: type[BaseModel], server_bound: tuple[str, ...]) -> 
     return schema
 
 
+class AdvertisedSchema(Mapping[str, Any]):
+    """`advertised_schema` of a tool's args model, made when first read (a macro-tool sent to
+    a client, the first invocation's validation). pydantic took 12-14 ms to write the 13 tools'
+    schemas at every server start, before ``ready`` (issue 11 item 2); a campaign reads a
+    tool's schema when it first selects the tool. A read-only mapping; two threads reading it
+    first at once both make it, equal, and one is kept."""
+
+    __slots__ = ("_model", "_server_bound", "_schema")
+
+    def __init__(self, model: type[BaseModel], server_bound: tuple[str, ...]) -> None:
+        self._model = model
+        self._server_bound = server_bound
+        self._schema: dict[str, Any] | None = None
+
+    def _made(self) -> dict[str, Any]:
+        schema = self._schema
+        if schema is None:
+            schema = self._schema = advertised_schema(self._model, self._server_bound)
+        return schema
+
+    def __getitem__(self, key: str) -> Any:
+        return self._made()[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._made())
+
+    def __len__(self) -> int:
+        return len(self._made())
+
+    def __repr__(self) -> str:
+        state = "made" if self._schema is not None else "not made yet"
+        return f"<AdvertisedSchema of {self._model.__name__} ({state})>"
+
+
 def _adapter(spec: ToolSpec, function: Callable[..., Any], model: type[BaseModel],
              bound: Mapping[str, Any], repo: Path, output_limit_bytes: int
              ) -> Callable[[dict[str, Any], InvocationContext], Any]:
@@ -447,7 +481,7 @@ def build_catalog(repo: Path, config: Config, specs: tuple[ToolSpec, ...] = TOOL
         bound = {k: v for k, v in bound_by_tool.get(spec.name, {}).items() if k in spec.server_bound}
         catalog[spec.name] = ToolDefinition(
             name=spec.name, version=spec.version, description=spec.description, summary=spec.summary,
-            input_schema=advertised_schema(model, spec.server_bound),
+            input_schema=AdvertisedSchema(model, spec.server_bound),
             invoke=_adapter(spec, function, model, bound, repo, config.output_limit_bytes),
             side_effects=spec.side_effects, requires_confirmation=spec.requires_confirmation,
             reversible=spec.reversible, idempotent=spec.idempotent, outcome=spec.outcome)

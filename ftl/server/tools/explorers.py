@@ -25,7 +25,6 @@ import re
 import stat
 import threading
 import time
-import tomllib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -246,6 +245,8 @@ def _test_pattern(test_files: list[Path]) -> str | None:
 
 def _pyproject(repo: Path) -> dict[str, Any]:
     """``pyproject.toml`` parsed, or {} (absent, unreadable by `_read_text`, or not TOML)."""
+    import tomllib  # at the first exploration, not at the server's start
+
     try:
         return tomllib.loads(_read_text(repo, "pyproject.toml") or "")
     except (tomllib.TOMLDecodeError, RecursionError):
