@@ -77,7 +77,7 @@ _RESERVED = frozenset({"ts", "seq", "campaign_id", "event"})
 _DUMPS = lambda obj: json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)  # noqa: E731
 
 
-def _writer(file: Any) -> Any:
+def _jsonl_writer(file: Any) -> Any:
     """A jsonlines writer of one event per line on ``file``, flushed after each line. jsonlines
     (and attrs under it, about 10 ms) loads here, with the first log a process opens: the
     embedded server imports this module for its helpers and never writes a log."""
@@ -312,7 +312,7 @@ class EventLog:
         removed = repair_tail(path)
         self._seq = self._last_seq(path)
         self._file = open(path, "a", encoding="utf-8")
-        self._writer = _writer(self._file)
+        self._writer = _jsonl_writer(self._file)
         if removed:
             self.emit(LOG_REPAIRED, truncated_bytes=removed)
 
@@ -384,7 +384,7 @@ class EventLog:
         except OSError:
             pass
         self._file = open(self.path, "a", encoding="utf-8")
-        self._writer = _writer(self._file)
+        self._writer = _jsonl_writer(self._file)
 
     def close(self) -> None:
         with self._lock:

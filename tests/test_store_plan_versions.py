@@ -6,6 +6,7 @@ file opens, migrates and keeps its plans."""
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -320,3 +321,39 @@ def test_an_add_tasks_insert_that_fails_saves_nothing_and_the_store_goes_on(tmp_
         assert store._conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1
         assert store.add_tasks(cid, good) == ["001", "002", "003"]
         assert store.integrity_check() == "ok"
+
+
+class _FailingPragma:
+    """The store's connection, except that asking for ``statement`` raises (a fault between
+    add-tasks' settings and its insert: a MemoryError, an interrupt)."""
+
+    def __init__(self, conn, statement: str) -> None:
+        self._conn, self._statement = conn, statement
+
+    def execute(self, sql, *args):
+        if sql == self._statement:
+            raise KeyboardInterrupt
+        return self._conn.execute(sql, *args)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def test_add_tasks_puts_its_settings_back_whatever_stops_it(tmp_path: Path) -> None:
+    # ignore_check_constraints is on for the insert only: a fault right after it is switched on
+    # must not leave later writes unchecked (a task status outside the CHECK list).
+    rows = lean_plan_rows(raw_plan([1, 2]))
+    assert rows is not None
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["campaign_id"]
+        real = store._conn
+        store._conn = _FailingPragma(real, "PRAGMA cache_size")
+        with pytest.raises(KeyboardInterrupt):
+            store.add_tasks(cid, rows)
+        store._conn = real
+        assert real.execute("PRAGMA ignore_check_constraints").fetchone()[0] == 0
+        assert real.execute("PRAGMA foreign_keys").fetchone()[0] == 1
+        assert real.execute("SELECT COUNT(*) FROM task").fetchone()[0] == 0
+        with pytest.raises(sqlite3.IntegrityError):
+            real.execute("UPDATE campaign SET status = 'bogus' WHERE campaign_id = ?", (cid,))
+        assert store.add_tasks(cid, rows) == ["001", "002"]

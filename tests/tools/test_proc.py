@@ -73,29 +73,36 @@ def test_env_is_added_to_the_inherited_environment(tmp_path):
     assert result.stdout == "42:has-path\n"
 
 
-@pytest.mark.parametrize("env", [
-    {"FTL_TASK_SEQ": "007", "FTL_NOTE": "it's \"quoted\" $HOME `id` \\ *\nsecond line"},
-    {"FTL_TASK_SEQ": "007", "FTL_NOTE": "x", "PS4": "+trace+ "},  # not ftl's own: a copied environment
+_TRICKY = "it's \"quoted\" $HOME `id` \\ *\nsecond line"
+
+
+@pytest.mark.parametrize("env, exported", [
+    ({"FTL_TASK_SEQ": "007", "FTL_WORKSPACE_ID": _TRICKY.replace("\n", " ")}, True),  # a build's ids: exported
+    ({"FTL_TASK_SEQ": "007", "FTL_WORKSPACE_ID": _TRICKY}, False),  # a newline would move the line numbers
+    ({"FTL_TASK_SEQ": "007", "FTL_WORKSPACE_ID": _TRICKY, "FTL_NOTE": "x"}, False),  # any other name
+    ({"FTL_TASK_SEQ": "007", "FTL_WORKSPACE_ID": "w" * 5000}, False),  # past the export limit
 ])
-def test_env_reaches_a_shell_command_and_what_it_starts_unchanged(tmp_path, env, monkeypatch):
-    # ftl's own variables are exported by the script (no environment copy); any other name
-    # sends all of them the usual way. Either way the command and its children see the values
-    # byte for byte.
+def test_env_reaches_a_shell_command_and_what_it_starts_unchanged(tmp_path, env, exported, monkeypatch):
+    # A build's identifiers are exported by its script (no copy of the environment); anything
+    # else goes the usual way. Either way the command and its children see the values byte for
+    # byte, and the command's own error messages keep their line numbers.
     import ftl.server.tools.proc as proc
 
     given: list[object] = []
     popen = proc.subprocess.Popen
     monkeypatch.setattr(proc.subprocess, "Popen", lambda *a, **kw: given.append(kw["env"]) or popen(*a, **kw))
-    script = ('printf "%s|%s" "$FTL_TASK_SEQ" "$FTL_NOTE"; '
-              'sh -c \'printf "|%s" "$FTL_TASK_SEQ"\'; printf "|%s" "${PS4-unset}"')
-    ledger = tmp_path / "ledger"
-    result = run_command(script, cwd=tmp_path, timeout_s=10, env=env, ledger=ledger)
+    script = ('printf "%s|%s" "$FTL_TASK_SEQ" "$FTL_WORKSPACE_ID"; '
+              'sh -c \'printf "|%s" "$FTL_TASK_SEQ"\'')
+    result = run_command(script, cwd=tmp_path, timeout_s=10, env=env, ledger=tmp_path / "ledger")
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"{env['FTL_TASK_SEQ']}|{env['FTL_NOTE']}|{env['FTL_TASK_SEQ']}|{env.get('PS4', '+ ')}"
+    assert result.stdout == f"007|{env['FTL_WORKSPACE_ID']}|007"
+    assert (given[0] is None) is exported
     assert "FTL_TASK_SEQ" not in os.environ  # the caller's environment is untouched
-    assert (given[0] is None) == ("PS4" not in env)
-    failed = run_command("exit 3", cwd=tmp_path, timeout_s=10, env=env)
-    assert failed.exit_code == 3
+    failing = "true\nnosuch_command_q7"
+    plain = run_command(failing, cwd=tmp_path, timeout_s=10)
+    with_env = run_command(failing, cwd=tmp_path, timeout_s=10, env=env)
+    assert with_env.exit_code == plain.exit_code == 127
+    assert with_env.stderr == plain.stderr and "2" in plain.stderr  # line 2, as without env
 
 
 def test_the_ledger_records_the_command_not_the_exports(tmp_path, monkeypatch):
@@ -104,7 +111,7 @@ def test_the_ledger_records_the_command_not_the_exports(tmp_path, monkeypatch):
     recorded: list[str] = []
     real = proc.record
     monkeypatch.setattr(proc, "record", lambda ledger, pid, what, **kw: recorded.append(what) or real(ledger, pid, what, **kw))
-    run_command("true", cwd=tmp_path, timeout_s=10, env={"FTL_A": "1"}, ledger=tmp_path / "ledger")
+    run_command("true", cwd=tmp_path, timeout_s=10, env={"FTL_TASK_SEQ": "001"}, ledger=tmp_path / "ledger")
     assert recorded == ["true"]
 
 

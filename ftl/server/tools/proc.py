@@ -26,9 +26,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import re
 import selectors
-import shlex
 import signal
 import subprocess
 import threading
@@ -304,22 +302,34 @@ def _close_fds(fds: Iterable[int]) -> None:
             pass
 
 
-_FTL_NAME = re.compile(r"FTL_[A-Za-z0-9_]*")
+#: The task's identifiers a build gets (`ftl.server.tools.builders`): ids that the build's own
+#: command line shows anyway (its checkpoint path), never a secret.
+_TASK_ID_VARIABLES = frozenset({"FTL_WORKSPACE_ID", "FTL_TASK_SEQ", "FTL_ATTEMPT", "FTL_CAMPAIGN_ID"})
+_EXPORT_LIMIT = 4096  # bytes of exports; far below Linux's 128 KiB for one argument
 
 
 def _exported(env: Mapping[str, str], command: str) -> str | None:
-    """``command`` preceded by an ``export`` of ``env``, or None when a name is not ftl's own.
+    """``command`` preceded by an ``export`` of ``env`` on its first line, or None (then the
+    caller passes ``env`` to the child the usual way).
 
     A child given ``env=`` gets a copy of the whole environment, which Popen copies and encodes
     variable by variable (about 0.1 ms for a build's four variables, issue 11 item 3); the shell
-    exporting them itself is the same for the command and what it starts. Only ``FTL_`` names:
-    a shell reads some variables at its start (``ENV``, ``BASH_ENV``, ``IFS``, ``PS4``...) or
-    refuses to set them (bash's ``PPID``), and an export comes after the start.
+    exporting them itself is the same for the command and what it starts, and the line numbers
+    of the command's own error messages do not move. Only the task's identifiers
+    (`_TASK_ID_VARIABLES`): a command line is readable by every user of the machine, where an
+    environment is not, and a shell reads some variables at its start (``ENV``, ``IFS``...),
+    before an export. Exports past `_EXPORT_LIMIT` bytes, and values with a newline, go the
+    usual way too.
     """
-    if not all(type(name) is str and _FTL_NAME.fullmatch(name) for name in env):
+    if not env.keys() <= _TASK_ID_VARIABLES:
         return None
-    exports = " ".join(f"{name}={shlex.quote(str(value))}" for name, value in env.items())
-    return f"export {exports}\n{command}"
+    import shlex
+
+    values = [str(value) for value in env.values()]
+    if any("\n" in value for value in values):  # a quoted newline would move the line numbers
+        return None
+    exports = " ".join(f"{name}={shlex.quote(value)}" for name, value in zip(env, values))
+    return f"export {exports}; {command}" if len(exports) <= _EXPORT_LIMIT else None
 
 
 def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
@@ -338,8 +348,9 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
         stdin: bytes written to the command's stdin, which is then closed; None gives it an
             empty stdin (EOF at once), never the caller's terminal.
         env: variables added to (and overriding) the inherited environment. For a string
-            command whose variables are all ftl's own (``FTL_`` names), the script exports them
-            itself (`_exported`) instead of the child getting a copy of the environment.
+            command given only the task's identifiers (a build's ``FTL_`` ids), the script
+            exports them itself (`_exported`) instead of the child getting a copy of the
+            environment.
         output_limit_bytes: how many bytes of output tail to keep, per stream and combined.
         grace_s: time between SIGTERM and SIGKILL when stopping the group, in s.
         ledger: a folder in which the running group is recorded, with its deadline, until it
