@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ftl.errors import FtlError
 from ftl.processes import LEDGER_DIR
 from ftl.server.tools.context import ToolContext, resolve_workdir
-from ftl.server.tools.proc import CommandResult, changed_paths, run_command, snapshot_tree
+from ftl.server.tools.proc import TASK_ID_VARIABLES, CommandResult, changed_paths, run_command, snapshot_tree
 from ftl.vcs.scope import out_of_scope
 
 if TYPE_CHECKING:  # imported where used: the server's boot does not build these models
@@ -62,8 +62,7 @@ def _workspace(raw: dict[str, Any]) -> Workspace:
 
 
 def _env(ws: Workspace) -> dict[str, str]:
-    return {"FTL_WORKSPACE_ID": ws.workspace_id, "FTL_TASK_SEQ": ws.seq,
-            "FTL_ATTEMPT": str(ws.attempt), "FTL_CAMPAIGN_ID": ws.campaign_id}
+    return dict(zip(TASK_ID_VARIABLES, (ws.workspace_id, ws.seq, str(ws.attempt), ws.campaign_id)))
 
 
 def _tail(text: str, limit: int) -> str:

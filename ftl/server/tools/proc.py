@@ -302,9 +302,10 @@ def _close_fds(fds: Iterable[int]) -> None:
             pass
 
 
-#: The task's identifiers a build gets (`ftl.server.tools.builders`): ids that the build's own
-#: command line shows anyway (its checkpoint path), never a secret.
-_TASK_ID_VARIABLES = frozenset({"FTL_WORKSPACE_ID", "FTL_TASK_SEQ", "FTL_ATTEMPT", "FTL_CAMPAIGN_ID"})
+#: The task's identifiers a build gets (`ftl.server.tools.builders`), in this order: workspace
+#: id, seq, attempt, campaign id. Ids the build's own command line shows anyway (its checkpoint
+#: path), never a secret.
+TASK_ID_VARIABLES = ("FTL_WORKSPACE_ID", "FTL_TASK_SEQ", "FTL_ATTEMPT", "FTL_CAMPAIGN_ID")
 _EXPORT_LIMIT = 4096  # bytes of exports; far below Linux's 128 KiB for one argument
 
 
@@ -316,12 +317,12 @@ def _exported(env: Mapping[str, str], command: str) -> str | None:
     variable by variable (about 0.1 ms for a build's four variables, issue 11 item 3); the shell
     exporting them itself is the same for the command and what it starts, and the line numbers
     of the command's own error messages do not move. Only the task's identifiers
-    (`_TASK_ID_VARIABLES`): a command line is readable by every user of the machine, where an
+    (`TASK_ID_VARIABLES`): a command line is readable by every user of the machine, where an
     environment is not, and a shell reads some variables at its start (``ENV``, ``IFS``...),
     before an export. Exports past `_EXPORT_LIMIT` bytes, and values with a newline, go the
     usual way too.
     """
-    if not env.keys() <= _TASK_ID_VARIABLES:
+    if not env.keys() <= set(TASK_ID_VARIABLES):
         return None
     import shlex
 
