@@ -1,6 +1,6 @@
 """Benchmark: where the 18-task DAG's EXECUTE span goes beyond the tasks' own sleeps.
 
-Runs `bench_overhead.dag_plan` as a real campaign (stdio tool server, a git worktree per task,
+Runs `bench_overhead.dag_plan` as a real campaign (the default in-process tool server, a git worktree per task,
 jobs 3) and reads its event log. The realized critical chain is walked back from the last
 ``TASK_END``: each task was released either by its last dependency's ``TASK_END`` or by the
 previous ``TASK_END`` on its lane (worker), whichever came later. Along that chain the span
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     plan, sleeps = dag_plan()
-    rows = [breakdown(run_campaign(plan, jobs=DAG_JOBS, in_process=False), plan, sleeps)
+    rows = [breakdown(run_campaign(plan, jobs=DAG_JOBS, in_process=True), plan, sleeps)
             for _ in range(args.runs)]
     if args.json:
         print(json.dumps(rows, indent=2))

@@ -10,8 +10,9 @@ and shell builder), each in a fresh git repository under a temporary directory:
   store transitions, events, workspace, two intent evaluations and two invocations). The
   baseline, measured in the same run, is what the two commands cost on their own: two
   ``sh -c true`` started with `subprocess.run`. Overhead = per-task time - baseline, per round
-  (``--rounds`` campaigns, each with its own baselines; the median of the rounds). Over the
-  embedded stdio server (the default) and in process (``connect_in_process``).
+  (``--rounds`` campaigns, each with its own baselines; the median of the rounds). With the
+  embedded server in the runner's process (the default) and as its subprocess over stdio
+  (``server = "embedded:stdio"``).
 * ``dag``: the 18-task DAG of issue 11 (sleeps of 0.3-3 s, seeded, jobs 3): the EXECUTE span
   (first ``TASK_START`` to last ``TASK_END``) against the lower bound max(critical path,
   total work / jobs); efficiency = bound / span (1.0 at best).
@@ -37,7 +38,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ftl.config import Config  # noqa: E402
 from ftl.events import read_events  # noqa: E402
-from ftl.engine.runner import Runner, connect, connect_in_process  # noqa: E402
+from ftl.engine.runner import Runner, connect  # noqa: E402
+from ftl.server.app import EMBEDDED_STDIO  # noqa: E402
 
 DAG_SEED = 11
 DAG_TASKS = 18
@@ -66,12 +68,13 @@ def _stamp(event: dict[str, Any]) -> float:
 
 def run_campaign(plan: dict[str, Any], *, jobs: int, in_process: bool,
                  isolation: str = "auto") -> list[dict[str, Any]]:
-    """Run ``plan`` to its end in a fresh repository (``isolation``: the config's task
-    isolation, ``auto`` = a git worktree per task); return its events."""
+    """Run ``plan`` to its end in a fresh repository with the embedded tool server in process
+    (the default) or over stdio (``in_process`` False); ``isolation``: the config's task
+    isolation, ``auto`` = a git worktree per task. Returns its events."""
     with tempfile.TemporaryDirectory(prefix="ftl-bench-") as tmp:
         repo = git_repo(Path(tmp) / "repo")
-        factory = connect_in_process if in_process else connect
-        with Runner(repo, Config(jobs=jobs, isolation=isolation), client_factory=factory) as runner:
+        config = Config(jobs=jobs, isolation=isolation, server=None if in_process else EMBEDDED_STDIO)
+        with Runner(repo, config, client_factory=connect) as runner:
             result = runner.start(plan["objective"], plan_input=plan)
         if result.exit_code != 0:
             raise SystemExit(f"benchmark campaign ended with exit code {result.exit_code}: {result.summary}")
@@ -233,8 +236,9 @@ def simulate(plan: dict[str, Any], durations: dict[str, float], jobs: int,
     return now
 
 
-def dag_efficiency(in_process: bool = False) -> dict[str, Any]:
-    """The 18-task DAG through a real campaign (jobs 3): span, bound and efficiency."""
+def dag_efficiency(in_process: bool = True) -> dict[str, Any]:
+    """The 18-task DAG through a real campaign (jobs 3, the default in-process tool server):
+    span, bound and efficiency."""
     plan, durations = dag_plan()
     events = run_campaign(plan, jobs=DAG_JOBS, in_process=in_process)
     span = execute_span_s(events)

@@ -96,7 +96,9 @@ class Config(BaseModel):
     max_cost_usd: float | None = Field(None, gt=0, description=(
         "Campaign agent spend limit, USD: once reached no agent task starts; the rest end "
         "budget_exhausted."))
-    server: str | None = Field(None, description="MangleCP server: None (embedded), 'stdio:CMD' or URL.")
+    server: str | None = Field(None, description=(
+        "MangleCP server: None or 'embedded' (ftl's, in the runner's process), 'embedded:stdio' "
+        "(ftl's, as a subprocess over stdio), 'stdio:CMD' or an http(s) URL."))
     output_limit_bytes: int = Field(64 * 1024, ge=1024, description="Command output kept per step.")
     isolation: Literal["auto", "worktree", "shared"] = Field("auto", description=(
         "Where tasks run: 'worktree' (a git worktree per task, results integrated as commits), "

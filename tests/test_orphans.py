@@ -1,6 +1,8 @@
-"""No orphans (issue "crash safety", item 3): a SIGKILL of the ftl process alone takes the tool
-server with it (parent-death signal), and what a build command left running in its process
-group is found in the ledger and killed by `ftl campaign resume` before tasks run again."""
+"""No orphans (issue "crash safety", item 3): a SIGKILL of the ftl process alone takes a tool
+server in its own process (``--server embedded:stdio``) with it (parent-death signal), and what a
+build command left running in its process group is found in the ledger and killed by `ftl
+campaign resume` before tasks run again, whether the tool server ran in ftl's process (the
+default) or in its own."""
 
 from __future__ import annotations
 
@@ -53,25 +55,29 @@ def _repo(tmp_path: Path) -> Path:
     return repo
 
 
-def _run_then_kill_ftl_alone(tmp_path: Path, repo: Path, run: str, timeout_s: float) -> None:
+def _run_then_kill_ftl_alone(tmp_path: Path, repo: Path, run: str, timeout_s: float,
+                             server: str | None = None) -> None:
     """Start a campaign of one task, SIGKILL the ftl process alone once the task's command has
-    started (tmp_path/started exists), and check that the tool server died with ftl."""
+    started (tmp_path/started exists), and, with ``server`` ``embedded:stdio``, check that the
+    tool server died with ftl (by default it runs in ftl's process: the build is ftl's child)."""
     plan = tmp_path / "plan.json"
     plan.write_text(json.dumps({"objective": "orphans", "tasks": [
         {"seq": "001", "slug": "slow-build", "creates": ["out.txt"], "run": run,
          "verify": "test -s out.txt", "timeout_s": timeout_s}]}))
-    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo)],
+    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo),
+                             *(["--server", server] if server else [])],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait((tmp_path / "started").exists)
-        server = _children_of(proc.pid)
-        assert server, "the tool server runs as ftl's child"
+        children = _children_of(proc.pid)
+        assert children, "the tool server (stdio) or the build (in process) runs as ftl's child"
         os.kill(proc.pid, signal.SIGKILL)  # ftl alone, not its process group
         proc.wait(timeout=10)
     finally:
         if proc.poll() is None:
             proc.kill()
-    _wait(lambda: not any(_alive(pid) for pid in server), timeout_s=10)  # died with ftl
+    if server:
+        _wait(lambda: not any(_alive(pid) for pid in children), timeout_s=10)  # died with ftl
 
 
 def _events(repo: Path) -> list[dict]:
@@ -100,7 +106,8 @@ def _resume(repo: Path, release: Path | None = None) -> tuple[dict, list[dict]]:
     return data, [e for log in logs for e in read_events(log)]
 
 
-def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", [None, "embedded:stdio"])
+def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Path, server: str | None) -> None:
     """The build finishes after ftl died: it records its own checkpoint, the resume waits for
     it instead of starting it again, and the build command completes exactly once."""
     repo, marker, release = _repo(tmp_path), tmp_path / "built", tmp_path / "release"
@@ -108,7 +115,7 @@ def test_resume_waits_for_a_build_the_killed_run_left_and_reuses_it(tmp_path: Pa
     run = (f"touch {tmp_path / 'started'}; i=0; "
            f"until [ -e {release} ] || [ $i -ge 600 ]; do sleep 0.05; i=$((i + 1)); done; "
            f"echo ok > out.txt; echo done >> {marker}")
-    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=60)
+    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=60, server=server)
     data, events = _resume(repo, release=release)
     assert data["exit_code"] == 0, data
     assert marker.read_text().splitlines() == ["done"]
@@ -126,7 +133,7 @@ def test_resume_kills_what_the_killed_run_left_once_its_deadline_passes(tmp_path
     run = (f"if [ -f {tmp_path / 'started'} ]; then echo ok > out.txt; else "
            f"(sleep 30; echo orphan >> {late}) & echo $! > {writer}; "
            f"touch {tmp_path / 'started'}; sleep 60; fi")
-    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=4)
+    _run_then_kill_ftl_alone(tmp_path, repo, run, timeout_s=4, server="embedded:stdio")
     data, events = _resume(repo)
     assert data["exit_code"] == 0, data
     # The background writer is gone (SIGKILL takes a moment to land): it can never write.

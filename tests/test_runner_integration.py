@@ -126,12 +126,19 @@ def _started(repo: Path) -> int:
     return sum(1 for e in read_events(logs[0]) if e["event"] == "TASK_START")
 
 
-@pytest.mark.parametrize("kill_after_starts", [2, 5])
-def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, kill_after_starts: int) -> None:
+def _server_args(server: str | None) -> list[str]:
+    return [] if server is None else ["--server", server]
+
+
+# The embedded tool server runs in ftl's process by default, and as its subprocess over stdio
+# with --server embedded:stdio: crash, interrupt and resume hold for both.
+@pytest.mark.parametrize("kill_after_starts, server", [(2, None), (5, "embedded:stdio")])
+def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, kill_after_starts: int,
+                                                               server: str | None) -> None:
     repo, gate = git_repo(tmp_path / "repo"), tmp_path / "resumed"
     plan = _marker_plan(tmp_path, gate=gate)
-    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2",
+                             *_server_args(server)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         _wait_for(lambda: _started(repo) >= kill_after_starts)
         proc.send_signal(signal.SIGKILL)
@@ -140,7 +147,7 @@ def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, k
         if proc.poll() is None:
             proc.kill()
     gate.touch()  # commands still sleeping from the killed run finish as before; new ones at once
-    resumed = ftl("campaign", "resume", "--repo", str(repo), "--json")
+    resumed = ftl("campaign", "resume", "--repo", str(repo), "--json", *_server_args(server))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     summary = json.loads(resumed.stdout)["data"]["summary"]
     assert summary["complete"] == summary["total"] == 10
@@ -155,11 +162,12 @@ def test_sigkill_then_resume_runs_each_task_to_completion_once(tmp_path: Path, k
     assert result.crash_boundaries, "the log should show the crash boundary"
 
 
-def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("server", [None, "embedded:stdio"])
+def test_ctrl_c_cancels_cleanly_and_resume_finishes(tmp_path: Path, server: str | None) -> None:
     repo, gate = git_repo(tmp_path / "repo"), tmp_path / "resumed"
     plan = _marker_plan(tmp_path, count=6, sleep_s=1.0, gate=gate)
-    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*FTL, "campaign", "run", "--plan", str(plan), "--repo", str(repo), "--jobs", "2",
+                             *_server_args(server)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(lambda: _started(repo) >= 2)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)

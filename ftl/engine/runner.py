@@ -225,8 +225,9 @@ def _end_cut_attempts(run: Any) -> None:
 
 
 def connect(config: Config, repo: Path) -> Any:
-    """The MangleCP client for ``config.server``: ftl's embedded server over stdio (default),
-    ``stdio:CMD`` or an http(s) URL (`ftl.server.app.connect` documents the forms).
+    """The MangleCP client for ``config.server``: ftl's embedded server in this process
+    (default), the same server as a subprocess over stdio (``embedded:stdio``), ``stdio:CMD``
+    or an http(s) URL (`ftl.server.app.connect` documents the forms).
 
     The client never retries on its own (``max_retries=0``): every retry is the recovery
     protocol's, announced by ``TOOL_FAILURE`` / ``FAILURE_CLASSIFIED`` / ``RETRY``.
@@ -240,7 +241,8 @@ def connect(config: Config, repo: Path) -> Any:
 
 
 def connect_in_process(config: Config, repo: Path) -> Any:
-    """The embedded server in this process (tests; no subprocess to start); no client retries."""
+    """The embedded server in this process whatever ``config.server`` says (tests); no client
+    retries."""
     from ftl.server.app import connect as connect_server
 
     return connect_server(repo, config, in_process=True, max_retries=0)

@@ -188,6 +188,11 @@ def build_server(repo: Path, config: Config, *, isolation: str = "process",
                           on_error=_count_error_hook() if count else None)
 
 
+#: `connect`'s server address for ftl's own server in a subprocess over stdio (the default,
+#: ``"embedded"``, runs it in the calling process).
+EMBEDDED_STDIO = "embedded:stdio"
+
+
 def _server_env() -> dict[str, str]:
     """The embedded stdio server's environment: ours, with pydantic's plugin discovery off
     unless the user set ``PYDANTIC_DISABLE_PLUGINS`` (the server uses no pydantic plugin, and
@@ -204,12 +209,16 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
     Args:
         repo: repository the tools work on.
         config: ftl configuration (passed whole to an embedded server, ``gates`` included).
-        server: ``None`` / ``"embedded"``: ftl's own server, as a ``python -m ftl.server.serve
-            --stdio`` subprocess (or in this process when ``in_process``); ``"stdio:CMD"``:
-            another stdio server (CMD split like a shell); ``http://...`` / ``https://...``: an
-            HTTP server.
-        in_process: run the embedded server in this process (tests, single-shot tools); its
-            rules run in the calling thread (``isolation="thread"``), as in the stdio server.
+        server: ``None`` / ``"embedded"``: ftl's own server, in this process (the default:
+            no interpreter to start and no module to import twice, about 0.2 s less per
+            campaign start, and no pipe round trip per call, issue 11 item 2);
+            ``"embedded:stdio"``: ftl's own server as a ``python -m ftl.server.serve --stdio``
+            subprocess (its own process, over the MangleCP wire); ``"stdio:CMD"``: another
+            stdio server (CMD split like a shell); ``http://...`` / ``https://...``: an HTTP
+            server. Either way ftl's server evaluates its rules in the calling thread
+            (``isolation="thread"``).
+        in_process: run ftl's server in this process even when ``server`` is
+            ``"embedded:stdio"`` (tests, single-shot tools).
         token: bearer token for HTTP servers (default: env ``FTL_MANGLECP_TOKEN``).
         gate: a gate object for an in-process embedded server (instead of ``config.gates``).
         max_retries: the client's own retries of retryable protocol errors (None: the client's
@@ -227,8 +236,8 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
 
     spec = server if server is not None else config.server
     options: dict[str, Any] = {} if max_retries is None else {"max_retries": max_retries}
-    if spec in (None, "", "embedded"):
-        if in_process:
+    if spec in (None, "", "embedded", EMBEDDED_STDIO):
+        if in_process or spec != EMBEDDED_STDIO:
             server_ = build_server(repo, config, gate=gate, count=False,  # the caller counts
                                    isolation="thread")
             return ManglecpClient(InProcessTransport(server_, close_server=True), **options)
@@ -247,5 +256,5 @@ def connect(repo: Path, config: Config, *, server: str | None = None, in_process
     if spec.startswith(("http://", "https://")):
         return ManglecpClient(HttpTransport(spec, token=token or os.environ.get("FTL_MANGLECP_TOKEN")),
                               **options)
-    raise FtlError("configuration_error",
-                   {"problem": f"server must be 'embedded', 'stdio:CMD' or an http(s) URL, got {spec!r}"})
+    raise FtlError("configuration_error", {"problem": (
+        f"server must be 'embedded', '{EMBEDDED_STDIO}', 'stdio:CMD' or an http(s) URL, got {spec!r}")})

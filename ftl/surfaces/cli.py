@@ -152,6 +152,10 @@ def _sigterm_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
+SERVER_HELP = ("MangleCP server: 'embedded' (default: ftl's, in this process), 'embedded:stdio' "
+               "(ftl's, as a subprocess over stdio), 'stdio:COMMAND' or an http(s) URL.")
+
+
 @campaign.command("run")
 @click.argument("objective", required=False)
 @click.option("--plan", "plan_file", type=click.Path(dir_okay=False, path_type=Path),
@@ -162,7 +166,7 @@ def _sigterm_as_interrupt() -> None:
 @click.option("--jobs", type=click.IntRange(1, 256), help="Tasks run at once (default: CPU count).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path),
               help="ftl.toml to use (default: <repo>/ftl.toml when present).")
-@click.option("--server", help="MangleCP server: 'stdio:COMMAND' or an http(s) URL (default: embedded).")
+@click.option("--server", help=SERVER_HELP)
 @click.option("--isolation", type=click.Choice(["auto", "worktree", "shared"]),
               help="Where tasks run: a git worktree each, or the shared checkout (default: "
                    "ftl.toml's isolation, else auto = worktree in a git work tree).")
@@ -239,7 +243,7 @@ def _record_intent(repo: Path, objective: str | None, plan_file: Path | None,
 @repo_option
 @click.option("--jobs", type=click.IntRange(1, 256))
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--server")
+@click.option("--server", help=SERVER_HELP)
 @click.option("--kill-leftovers", is_flag=True,
               help="Kill at once the build and verify commands the interrupted run left running "
                    "(default: let them finish, up to their task timeout, so a finished build is "
@@ -397,7 +401,7 @@ def campaign_clean(campaign_id: str | None, force: bool, repo: Path, as_json: bo
 @click.option("--delta", multiple=True, help="A file the task may change (repeatable).")
 @repo_option
 @click.option("--config", "config_path", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--server")
+@click.option("--server", help=SERVER_HELP)
 @metrics_option
 @json_option
 @handled

@@ -115,18 +115,25 @@ def test_configured_planner_command_is_the_one_that_runs(tmp_path):
         client.close()
 
 
-def test_connect_starts_the_embedded_stdio_server_with_the_whole_config(tmp_path):
+@pytest.mark.parametrize("server, transport", [(None, InProcessTransport), ("embedded", InProcessTransport),
+                                               ("embedded:stdio", StdioTransport)])
+def test_connect_builds_the_embedded_server_where_asked_with_the_whole_config(tmp_path, server, transport):
     from ftl.server.app import connect
-    client = connect(tmp_path, Config(agent_command=["my-agent"]))
+    client = connect(tmp_path, Config(agent_command=["my-agent"], server=server))
     try:
-        assert isinstance(client.transport, StdioTransport)
-        # agent_command reached the subprocess: the agent builder is offered for a task without run
+        assert type(client.transport) is transport
+        # agent_command reached the server: the agent builder is offered for a task without run
         assert _names(client, "build_task", [fact("task", "001", "BUILD")]) == ["agent_builder"]
     finally:
         client.close()
+
+
+def test_connect_refuses_an_unknown_server_and_in_process_overrides_stdio(tmp_path):
+    from ftl.server.app import connect
     with pytest.raises(FtlError) as exc:
         connect(tmp_path, Config(), server="ftp://nowhere")
     assert exc.value.error_type == "configuration_error"
-    in_process = connect(tmp_path, Config(), in_process=True)
+    assert "embedded:stdio" in exc.value.details["problem"]
+    in_process = connect(tmp_path, Config(server="embedded:stdio"), in_process=True)
     assert isinstance(in_process.transport, InProcessTransport)
     in_process.close()
