@@ -13,7 +13,7 @@ import enum
 import re
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationInfo,
+from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, Tag, ValidationInfo,
                       field_validator, model_validator)
 
 from ftl import plan_rules
@@ -224,6 +224,7 @@ class Plan(BaseModel):
     framework_confidence: float | None = Field(default=None, ge=0, le=1)
     idioms: Idioms = Field(default_factory=Idioms)
     tasks: list[Task] = Field(min_length=1)
+    _task_index: tuple[list[Task] | None, dict[str, Task]] = PrivateAttr(default=(None, {}))  # see `task`
 
     @field_validator("campaign")
     @classmethod
@@ -237,11 +238,26 @@ class Plan(BaseModel):
         return self
 
     def task(self, seq: Any) -> Task:
+        """The task whose seq is ``seq`` (any form `normalize_seq` takes).
+
+        From an index built at the first call (and again if ``tasks`` is replaced): BUILD asks
+        for every task it starts, and a scan per call made a campaign quadratic in its plan's
+        size (issue 11 item 4: no per-task work over the whole DAG).
+
+        Raises:
+            KeyError: no task has that seq. ValueError: ``seq`` is not a seq.
+        """
         wanted = normalize_seq(seq)
-        for task in self.tasks:
-            if task.seq == wanted:
-                return task
-        raise KeyError(wanted)
+        tasks, index = self._task_index
+        if tasks is not self.tasks:
+            index = {}
+            for task in self.tasks:
+                index.setdefault(task.seq, task)  # the first, as a scan found it
+            self._task_index = (self.tasks, index)
+        try:
+            return index[wanted]
+        except KeyError:
+            raise KeyError(wanted) from None
 
 
 class ExplorerMode(str, enum.Enum):

@@ -51,6 +51,17 @@ def test_one_and_001_are_the_same_task() -> None:
     assert parsed.task(3).depends == ["001", "002"]
 
 
+def test_a_task_is_found_by_its_seq_in_any_form_and_after_the_tasks_are_replaced() -> None:
+    parsed = parse_plan(plan(*(task(i, f"t-{i}", [i - 1] if i > 1 else "none") for i in range(1, 2001))))
+    assert [parsed.task(seq).slug for seq in (1, "2", "0003", 2000)] == ["t-1", "t-2", "t-3", "t-2000"]
+    with pytest.raises(KeyError, match="2001"):
+        parsed.task(2001)
+    parsed.tasks = parsed.tasks[:1]  # the index follows the list it was built from
+    with pytest.raises(KeyError, match="002"):
+        parsed.task(2)
+    assert parsed.task(1).slug == "t-1"
+
+
 def test_every_violation_is_reported_at_once_with_json_paths() -> None:
     raw = plan(task("001", "Bad Slug"), task("abc", "b"), task("003", "c", ["009"]),
                task("4", "d", budget=0), bogus=True)  # unknown fields pass through (FTL compat)
