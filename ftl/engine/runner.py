@@ -241,8 +241,8 @@ def connect(config: Config, repo: Path) -> Any:
 
 
 def connect_in_process(config: Config, repo: Path) -> Any:
-    """The embedded server in this process whatever ``config.server`` says (tests); no client
-    retries."""
+    """The embedded server in this process, also when ``config.server`` is ``embedded:stdio``
+    (tests; another server's address is still used); no client retries."""
     from ftl.server.app import connect as connect_server
 
     return connect_server(repo, config, in_process=True, max_retries=0)

@@ -102,6 +102,7 @@ class Session:
         self._clock = clock
         self._running: dict[str, threading.Event] = {}
         self._given: dict[str, threading.Event] = {}  # the caller's own cancel events (in process)
+        self._owned: set[str] = set()  # running requests whose flag is a caller's own event
         self._early: OrderedDict[str, float] = OrderedDict()  # request id -> when its cancel came, s
         self._closed = False  # cancel_all ran: nothing starts any more
         self._lock = threading.Lock()
@@ -148,6 +149,8 @@ class Session:
         with self._lock:
             given = self._given.pop(request_id, None)
             cancelled = self._take_early(request_id) or self._closed
+            if given is not None and not cancelled:
+                self._owned.add(request_id)  # `track_running` / `cancel_all` must not set it
         if cancelled:
             flag = threading.Event()
             flag.set()
@@ -157,17 +160,20 @@ class Session:
     def track_running(self, request_id: str, event: threading.Event) -> None:
         """Record ``event`` as the cancel flag of the running request ``request_id`` (so
         `cancel` and `cancel_all` reach it) until `untrack_running`. It is set at once when a
-        cancel for ``request_id`` came early or the session is closed."""
+        cancel for ``request_id`` came early or the session is closed, unless it is the caller's
+        own (`give_cancel`)."""
         with self._lock:
             self._running[request_id] = event
             cancelled = self._take_early(request_id) or self._closed
-        if cancelled:
+            owned = request_id in self._owned
+        if cancelled and not owned:
             event.set()
 
     def untrack_running(self, request_id: str) -> None:
         """Forget request ``request_id`` once it finished (no-op when it is not tracked)."""
         with self._lock:
             self._running.pop(request_id, None)
+            self._owned.discard(request_id)
 
     def cancel(self, request_id: str) -> bool:
         """Signal the running request ``request_id``. When it is not running (yet), remember the
@@ -189,8 +195,7 @@ class Session:
         starts cancelled (transport closed, e.g. stdin EOF with requests still queued)."""
         with self._lock:
             self._closed = True
-            given = {id(event) for event in self._given.values()}
-            events = [event for event in self._running.values() if id(event) not in given]
+            events = [event for request_id, event in self._running.items() if request_id not in self._owned]
         for event in events:
             event.set()
 

@@ -233,11 +233,17 @@ def test_early_cancels_are_remembered_for_a_bounded_time_and_number():
     session.track_running(f"r{Session.EARLY_CANCEL_LIMIT + 4}", event)
     assert event.is_set()
 
-    mine = threading.Event()
-    session.give_cancel("given", mine)
+    mine, waiting, theirs = threading.Event(), threading.Event(), threading.Event()
+    session.give_cancel("running", mine)  # a caller's event, its request already running
+    session.track_running("running", session.claim_cancel_flag("running"))
+    session.track_running("other", theirs)  # the session's own flag of another request
+    session.give_cancel("given", waiting)  # a caller's event, its request not started
     session.cancel_all()
     flag = session.claim_cancel_flag("given")
-    assert flag.is_set() and not mine.is_set()  # a caller's own event is never set by the session
+    assert flag.is_set() and not waiting.is_set()  # a caller's own event is never set by the session,
+    assert not mine.is_set()  # running or not
+    assert theirs.is_set()  # the session's own flags are
+    session.untrack_running("running")
 
 
 # -- error replies are sanitised like the JSON-RPC and response-v2 surfaces ---------------------
