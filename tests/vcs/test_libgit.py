@@ -557,6 +557,27 @@ def test_commit_steps_aside_when_the_branch_is_not_where_it_was(tmp_path: Path) 
 
 # --------------------------------------------------------------------------- worktrees
 
+def test_reset_worktree_leaves_a_branch_another_work_tree_has_checked_out(tmp_path: Path) -> None:
+    """As git (and libgit2's set_head) refuse to: the branch is not moved, this work tree stays
+    where it was, and the caller goes to git. Its own branch and a free one are taken, with
+    git's checkout reflog line."""
+    root, mine, other = tmp_path / "repo", tmp_path / "mine", tmp_path / "other"
+    base = make_repo(root)
+    git(root, "worktree", "add", "-q", "-b", "held", str(other))
+    git(root, "worktree", "add", "-q", "-b", "mine", str(mine))
+    git(other, "commit", "-q", "--allow-empty", "-m", "held's own")
+    held_at = git(root, "rev-parse", "held")
+    for branch in ("held", "main"):  # another linked work tree's, the main work tree's
+        assert libgit.reset_worktree(mine, branch=branch, base=base) is False
+    assert git(root, "rev-parse", "held") == held_at
+    assert git(mine, "rev-parse", "--abbrev-ref", "HEAD").strip() == "mine"
+    assert libgit.reset_worktree(mine, branch="next", base=base) is True
+    assert git(mine, "rev-parse", "--abbrev-ref", "HEAD").strip() == "next"
+    assert git(mine, "reflog", "-1", "--format=%gs").strip() == "checkout: moving from mine to next"
+    assert libgit.reset_worktree(mine, branch="next", base=base) is True  # its own branch
+    assert git(mine, "status", "--porcelain", "--ignored") == ""
+
+
 def worktree_list(root: Path) -> dict[str, dict[str, str]]:
     """``git worktree list --porcelain`` as {path: {"HEAD": id, "branch": ref, ...}}."""
     listing: dict[str, dict[str, str]] = {}
