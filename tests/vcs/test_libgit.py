@@ -578,6 +578,31 @@ def test_reset_worktree_leaves_a_branch_another_work_tree_has_checked_out(tmp_pa
     assert git(mine, "status", "--porcelain", "--ignored") == ""
 
 
+def test_reset_worktree_to_the_tree_it_is_at_still_undoes_every_change(tmp_path: Path) -> None:
+    """A worktree already at the base's tree is left as it is only when nothing differs: a
+    changed, a staged, an untracked and an ignored file each still go."""
+    root, mine = tmp_path / "repo", tmp_path / "mine"
+    base = make_repo(root)
+    git(root, "worktree", "add", "-q", "-b", "mine", str(mine))
+    assert libgit.reset_worktree(mine, branch="first", base=base) is True  # nothing to do
+    expected = {name: entry for name, entry in checkout_listing(root).items() if not name.startswith(".git/")}
+    for change in ("changed", "staged", "untracked", "ignored", "mode"):
+        if change == "changed":
+            (mine / "a.txt").write_bytes(b"changed\n")
+        elif change == "staged":
+            (mine / "n.txt").write_text("new\n")
+            git(mine, "add", "n.txt")
+        elif change == "untracked":
+            (mine / "s" / "new").write_text("x\n")
+        elif change == "ignored":
+            (mine / "d" / "z.log").write_text("ignored\n")
+        else:
+            (mine / "b").chmod(0o644)
+        assert libgit.reset_worktree(mine, branch=f"after-{change}", base=base) is True, change
+        assert git(mine, "status", "--porcelain", "--ignored") == "", change
+        assert checkout_listing(mine) == expected, change
+
+
 def worktree_list(root: Path) -> dict[str, dict[str, str]]:
     """``git worktree list --porcelain`` as {path: {"HEAD": id, "branch": ref, ...}}."""
     listing: dict[str, dict[str, str]] = {}
