@@ -542,17 +542,6 @@ def _checked_out_elsewhere(repo: Any, ref: str) -> bool:
     return False
 
 
-def _clean_at(repo: Any, tree: Any) -> bool:
-    """Whether the work tree of ``repo`` is exactly ``tree``: HEAD's commit has that tree, and
-    there is no change, untracked or ignored file (False when HEAD does not resolve)."""
-    try:
-        if repo.head.peel(pygit2.Commit).tree.id != tree:
-            return False
-    except (pygit2.GitError, KeyError, ValueError):
-        return False
-    return not repo.status(untracked_files="all", ignored=True)
-
-
 def reset_worktree(path: Path, *, branch: str, base: str) -> bool:
     """``git checkout --force -B BRANCH BASE && git clean -ffdx`` in the existing worktree at
     ``path``, in process: only the files that differ are written, so a worktree reused for the
@@ -570,22 +559,20 @@ def reset_worktree(path: Path, *, branch: str, base: str) -> bool:
     try:
         commit = repo.get(base).peel(pygit2.Commit)
         if _has_attributes(repo, commit.tree) or _checked_out_elsewhere(repo, ref):
-            return False  # git refuses to move a branch another work tree has checked out
+            return False  # never move another work tree's branch (`Worktrees._reset` then checks too)
         current = repo.references["HEAD"].target
-        # Already there (a chain's next task: the base is the commit this worktree made): the
-        # checkout would write and remove nothing, only walk the tree (about 1.2 ms).
-        there = _clean_at(repo, commit.tree.id)
         repo.create_reference_direct(ref, commit.id, True)
-        if not there:
-            repo.checkout_tree(commit.tree, strategy=pygit2.enums.CheckoutStrategy.FORCE
-                               | pygit2.enums.CheckoutStrategy.REMOVE_UNTRACKED
-                               | pygit2.enums.CheckoutStrategy.REMOVE_IGNORED)
+        # Always: a status that looks clean can hide what the checkout removes or rewrites (an
+        # empty untracked folder, an edit to an assume-unchanged file).
+        repo.checkout_tree(commit.tree, strategy=pygit2.enums.CheckoutStrategy.FORCE
+                           | pygit2.enums.CheckoutStrategy.REMOVE_UNTRACKED
+                           | pygit2.enums.CheckoutStrategy.REMOVE_IGNORED)
         # ``set_head`` less its own "checked out elsewhere" check, done above: libgit2 opens every
         # work tree of the repository as a repository for it (0.6 ms with one, 1.5 with eight).
         repo.create_reference_symbolic("HEAD", ref, True, message=(
             f"checkout: moving from {_short(current)} to {branch}"))
         repo.index.read(True)
-        if (there or not repo.status(untracked_files="all", ignored=True)) and str(repo.head.target) == base:
+        if not repo.status(untracked_files="all", ignored=True) and str(repo.head.target) == base:
             return True
         _forget_kept(path)  # the CLI takes over: open it afresh after
         return False

@@ -294,15 +294,18 @@ class Worktrees:
         self.release(tree)
         return self.prepare(tree.name, base)
 
-    def _holding(self, branch: str) -> Path | None:
-        """The worktree of ours (under `WORKTREES_DIR`) that has ``branch`` checked out."""
+    def _holding(self, branch: str, *, anywhere: bool = False) -> Path | None:
+        """The worktree of ours (under `WORKTREES_DIR`; any work tree of the repository with
+        ``anywhere``) that has ``branch`` checked out.
+
+        Raises: GitError: ``git worktree list`` failed."""
         ours = (self.repo / WORKTREES_DIR).resolve()
         where: Path | None = None
         for line in self.git.out("worktree", "list", "--porcelain").splitlines():
             if line.startswith("worktree "):
                 where = Path(line[len("worktree "):]).resolve()
             elif line == f"branch refs/heads/{branch}" and where is not None \
-                    and where.is_relative_to(ours):
+                    and (anywhere or where.is_relative_to(ours)):
                 return where
         return None
 
@@ -315,6 +318,12 @@ class Worktrees:
         (libgit2, else ``checkout --force -B`` and ``clean -ffdx``); False when git fails."""
         if libgit.reset_worktree(path, branch=branch, base=base):
             return True
+        try:  # a branch another work tree has checked out stays where it is: git before 2.44
+            held = self._holding(branch, anywhere=True)  # would move it under that work tree
+        except GitError:
+            return False
+        if held is not None and held != path.resolve():
+            return False
         tree = Git(path)
         try:
             tree.run("checkout", "-q", "--force", "-B", branch, base)

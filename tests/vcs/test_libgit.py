@@ -579,14 +579,15 @@ def test_reset_worktree_leaves_a_branch_another_work_tree_has_checked_out(tmp_pa
 
 
 def test_reset_worktree_to_the_tree_it_is_at_still_undoes_every_change(tmp_path: Path) -> None:
-    """A worktree already at the base's tree is left as it is only when nothing differs: a
-    changed, a staged, an untracked and an ignored file each still go."""
+    """Reset to the tree it is already at, a worktree still loses every change: a changed, a
+    staged, an untracked and an ignored file, a mode, an empty folder and an edit to an
+    assume-unchanged file (the last two look clean to a status)."""
     root, mine = tmp_path / "repo", tmp_path / "mine"
     base = make_repo(root)
     git(root, "worktree", "add", "-q", "-b", "mine", str(mine))
     assert libgit.reset_worktree(mine, branch="first", base=base) is True  # nothing to do
     expected = {name: entry for name, entry in checkout_listing(root).items() if not name.startswith(".git/")}
-    for change in ("changed", "staged", "untracked", "ignored", "mode"):
+    for change in ("changed", "staged", "untracked", "ignored", "mode", "empty folder", "assume-unchanged"):
         if change == "changed":
             (mine / "a.txt").write_bytes(b"changed\n")
         elif change == "staged":
@@ -596,9 +597,15 @@ def test_reset_worktree_to_the_tree_it_is_at_still_undoes_every_change(tmp_path:
             (mine / "s" / "new").write_text("x\n")
         elif change == "ignored":
             (mine / "d" / "z.log").write_text("ignored\n")
-        else:
+        elif change == "mode":
             (mine / "b").chmod(0o644)
-        assert libgit.reset_worktree(mine, branch=f"after-{change}", base=base) is True, change
+        elif change == "empty folder":
+            (mine / "build" / "out").mkdir(parents=True)
+        else:
+            git(mine, "update-index", "--assume-unchanged", "a.txt")
+            (mine / "a.txt").write_bytes(b"task edit\n")
+        assert libgit.reset_worktree(mine, branch=f"after-{change.replace(' ', '-')}", base=base) is True, change
+        assert not (mine / "build").exists(), change
         assert git(mine, "status", "--porcelain", "--ignored") == "", change
         assert checkout_listing(mine) == expected, change
 

@@ -376,6 +376,24 @@ def test_a_released_worktree_serves_the_next_task_reset_to_its_base(repo: Path, 
     assert not any(tree.path.exists() for tree in extra) and not trees._idle
 
 
+@pytest.mark.parametrize("attributes", [False, True])  # True: libgit2 declines first, then git's turn
+def test_a_reset_never_moves_a_branch_another_worktree_has_checked_out(repo: Path, attributes: bool) -> None:
+    """Neither libgit2 nor the git CLI fallback takes it (git before 2.44 would move it under
+    that worktree, leaving two worktrees on one branch)."""
+    if attributes:
+        (repo / ".gitattributes").write_text("*.txt text\n")
+        git(repo, "add", "-A")
+        git(repo, "commit", "-qm", "attributes")
+    trees = Worktrees(repo, "c-h")
+    base = trees.ensure_integration()
+    holder, _, commit = finished_task(trees, "001-one", "a.txt", "a\n")
+    other = trees.prepare("002-two")
+    assert trees._reset(other.path, holder.branch, base) is False
+    assert git(repo, "rev-parse", holder.branch) == commit.commit  # not moved
+    assert git(other.path, "rev-parse", "--abbrev-ref", "HEAD") == other.branch
+    assert trees._reset(holder.path, holder.branch, base) is True  # its own branch: fine
+
+
 def test_after_a_crash_a_task_whose_branch_sits_in_another_tasks_folder_starts_again(repo: Path) -> None:
     """Killed while task 002 ran in task 001's released folder: the resumed run (an empty pool)
     prepares 002 again although its branch is still checked out there (git refuses to move it)."""
