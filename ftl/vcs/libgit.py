@@ -517,20 +517,20 @@ def _checked_out_elsewhere(repo: Any, ref: str) -> bool:
     """Whether a work tree of ``repo``'s repository other than ``repo``'s own has ``ref`` as its
     HEAD, read from the HEAD files (the main one and ``worktrees/*/HEAD`` of the common git
     directory), as libgit2's ``git_branch_is_checked_out`` decides it. A HEAD that cannot be
-    read counts as a yes: the caller then leaves the checkout to git, which decides."""
+    read counts as a yes: the reset is then declined, and `ftl.vcs.worktrees` asks git."""
     gitdir = os.path.normpath(repo.path)
     try:
         with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as file:
             common = os.path.normpath(os.path.join(gitdir, file.read().strip()))
     except FileNotFoundError:  # the main work tree's git directory is the common one
         common = gitdir
-    heads = [common]
+    gitdirs = [common]  # the main work tree's, then each linked work tree's
     try:
-        heads += [os.path.join(common, "worktrees", name) for name in os.listdir(os.path.join(common, "worktrees"))]
+        gitdirs += [os.path.join(common, "worktrees", name) for name in os.listdir(os.path.join(common, "worktrees"))]
     except FileNotFoundError:
         pass
     wanted = f"ref: {ref}"
-    for directory in heads:
+    for directory in gitdirs:
         if directory == gitdir:
             continue
         try:

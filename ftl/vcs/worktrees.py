@@ -315,7 +315,8 @@ class Worktrees:
 
     def _reset(self, path: Path, branch: str, base: str) -> bool:
         """Put the worktree at ``path`` on ``branch`` at ``base`` with nothing else in it
-        (libgit2, else ``checkout --force -B`` and ``clean -ffdx``); False when git fails."""
+        (libgit2, else ``checkout --force -B`` and ``clean -ffdx``); False when git fails or
+        another work tree has ``branch`` checked out (asked of git itself, not libgit2)."""
         if libgit.reset_worktree(path, branch=branch, base=base):
             return True
         try:  # a branch another work tree has checked out stays where it is: git before 2.44
