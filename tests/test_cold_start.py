@@ -20,7 +20,7 @@ from module_probe import run_script
 
 # Libraries a light command must never load (each costs 20-400 ms at start), and ftl's heavy rooms.
 HEAVY = ("pydantic", "pydantic_core", "clingo", "mcp", "starlette", "uvicorn", "cedarpy", "rich",
-         "httpx", "prometheus_client", "jsonschema", "transitions", "jsonlines", "tenacity",
+         "httpx", "prometheus_client", "jsonschema", "jsonschema_rs", "transitions", "jsonlines", "tenacity",
          "ftl.models", "ftl.manglecp", "ftl.server", "ftl.engine.runner", "ftl.surfaces.mcp_server", "ftl.postmortem.replay")
 
 _PROBE = """

@@ -52,6 +52,7 @@ from ftl.manglecp.messages import (
     to_ftl_error)
 from ftl.manglecp.progress import ProgressTicker
 from ftl.manglecp.render import LEVELS, RenderChoice, estimate_tokens, macro_id_for, render_tool, wire_fact
+from ftl.manglecp.schema_check import SchemaCheck
 from ftl.sanitize import looks_internal, sanitize_text, sanitize_value
 
 # The server's own names, then the names re-exported from the modules split out of this one.
@@ -140,6 +141,8 @@ class ManglecpServer:
         self.facts_profile = self._facts_profile()
         self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
         self._declared = {p.predicate: p for p in self.facts_profile.predicates or ()}
+        # (pred, argument types, stamped here) -> whether such a delta fact passes `validate_facts`
+        self._delta_shapes: dict[tuple[Any, ...], bool] = {}
         self._intent_names = {str(i.get("name")) for i in self.info.intents}
         self._manifest_cache: dict[str, dict[str, Any]] = {}
 
@@ -422,16 +425,13 @@ class ManglecpServer:
             log.exception("gate decision for %s could not be rendered", tool.name)
             return None
 
-    def _validator(self, tool: ToolDefinition, schema: str = "input") -> Any:
-        """The JSON Schema (2020-12) validator of ``tool``'s ``input`` or ``output`` schema, built
-        once. jsonschema loads here, at the first invocation, not at server start (boot time,
-        issue 11 item 2)."""
+    def _validator(self, tool: ToolDefinition, schema: str = "input") -> SchemaCheck:
+        """The JSON Schema (2020-12) check of ``tool``'s ``input`` or ``output`` schema
+        (`ftl.manglecp.schema_check`), built once, at the first invocation, not at server start
+        (boot time, issue 11 item 2)."""
         validator = self._validators.get((tool.name, schema))
         if validator is None:
-            import jsonschema
-
-            validator = jsonschema.Draft202012Validator(
-                dict(tool.input_schema if schema == "input" else tool.output_schema))
+            validator = SchemaCheck(tool.input_schema if schema == "input" else tool.output_schema)
             self._validators[(tool.name, schema)] = validator
         return validator
 
@@ -798,7 +798,7 @@ class ManglecpServer:
                   "asserted_at": now}
         asserts = []
         for item in outcome.asserts:
-            fact = self._delta_fact(item, tool.name)
+            fact = self._delta_fact(item, tool.name, now)
             if fact is None:
                 continue
             given = item.get("source")
@@ -828,22 +828,39 @@ class ManglecpServer:
             if item.get("params"):
                 entry["params"] = dict(item["params"])
             suggested.append(entry)
-        continuation = [f for f in (self._delta_fact(item, tool.name) for item in outcome.continuation_facts)
+        continuation = [f for f in (self._delta_fact(item, tool.name, now)
+                                    for item in outcome.continuation_facts)
                         if f is not None]
         if suggested or continuation:
             out["next"] = {"suggested_intents": suggested, "continuation_facts": continuation}
         return out
 
-    def _delta_fact(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:
+    def _delta_fact(self, item: Mapping[str, Any], tool_name: str,
+                    now: str | None = None) -> dict[str, Any] | None:
         """A well-formed fact the profile declares, in wire form; None (logged) otherwise. A
-        temporal predicate without ``t`` gets ``{"at": <now>}``: it held when it was asserted."""
+        temporal predicate without ``t`` gets ``{"at": now}`` (``now``: RFC 3339; None: the
+        clock's): it held when it was asserted.
+
+        A fact whose arguments are all strings and booleans, with no ``t`` or the one given
+        here, passes or fails `validate_facts` by its predicate and the types of its arguments
+        alone, so that verdict is remembered per such shape (two delta facts per task)."""
         wire = {k: item[k] for k in ("pred", "args", "t") if k in item and item[k] is not None}
-        if wire.get("pred") in self._temporal and "t" not in wire:
-            wire["t"] = {"at": format_time(int(self.clock.time() * 1000))}
+        pred, args = wire.get("pred"), wire.get("args")
+        stamped = pred in self._temporal and "t" not in wire
+        if stamped:
+            wire["t"] = {"at": now if now is not None else format_time(int(self.clock.time() * 1000))}
+        shape = None
+        if (type(pred) is str and type(args) is list and (stamped or "t" not in wire)
+                and all(type(value) is str or type(value) is bool for value in args)):
+            shape = (pred, tuple(map(type, args)), stamped)
+            if self._delta_shapes.get(shape):
+                return dict(wire)
         _, violations = validate_facts([wire], self.facts_profile)
         if violations:
             log.error("%s produced an invalid delta fact: %s", tool_name, violations[0]["message"])
             return None
+        if shape is not None:
+            self._delta_shapes[shape] = True
         return dict(wire)
 
     def _delta_pattern(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:

@@ -115,6 +115,25 @@ def test_the_real_builder_and_verifier_answer_with_a_state_delta(tmp_path: Path)
         client.close()
 
 
+def test_a_delta_facts_verdict_is_remembered_for_its_shape_only(tmp_path: Path):
+    """The server remembers that a delta fact of a shape (predicate, argument types, a ``t`` it
+    stamped) is valid; another shape of the same predicate, or a ``t`` the tool gave, is
+    checked again."""
+    server = build_server(tmp_path, Config(), isolation="thread")
+    try:
+        for seq, passed in (("007", True), ("008", False), ("009", True)):
+            made = server._delta_fact({"pred": "verify_result", "args": [seq, passed]}, "run_verify")
+            assert made is not None and made["args"] == [seq, passed] and "at" in made["t"]
+        assert server._delta_fact({"pred": "verify_result", "args": ["007", "yes"]}, "run_verify") is None
+        assert server._delta_fact({"pred": "verify_result", "args": [7, True]}, "run_verify") is None
+        assert server._delta_fact({"pred": "verify_result", "args": ["007"]}, "run_verify") is None
+        assert server._delta_fact({"pred": "verify_result", "args": ["007", True],
+                                   "t": {"at": "not a time"}}, "run_verify") is None
+        assert server._delta_fact({"pred": "verify_results", "args": ["007", True]}, "run_verify") is None
+    finally:
+        server.close()
+
+
 # --- client side: applying a delta ------------------------------------------------------------
 
 def test_retracts_go_first_and_null_is_a_wildcard():
