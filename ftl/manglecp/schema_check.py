@@ -15,15 +15,23 @@ from typing import Any, Iterator, Mapping
 
 __all__ = ["SchemaCheck"]
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_MAX_DEPTH = 64  # deeper instances go to jsonschema (jsonschema-rs crashed past ~50,000 levels)
+
 
 class SchemaCheck:
     """A JSON Schema 2020-12 check of instances against ``schema``. Thread-safe.
 
-    Where the two validators could differ, the fast one only ever passes what jsonschema would:
-    both follow the 2020-12 specification and its official test suite; a schema jsonschema-rs
-    cannot compile, and an instance holding a value it cannot read (a dict key that is not a
-    string), go to jsonschema alone. One known difference: jsonschema-rs reads a Python tuple
-    as a JSON array, as every wire form of the instance would carry it.
+    The fast validator answers only where it is known to agree with jsonschema:
+    * instances made of plain JSON values: dicts with string keys, lists, strings, numbers,
+      booleans and None, at most `_MAX_DEPTH` levels deep. A tuple, an Enum member, a subclass
+      of str or dict (what an in-process caller can pass and no wire carries) goes to
+      jsonschema, which reads them its own way;
+    * schemas without the keywords whose meaning the two libraries implement differently: a
+      ``pattern`` or ``patternProperties`` regex with a backslash (``\\d``, ``\\w`` and ``\\s``
+      are Unicode classes in Python's ``re``, ASCII ones in Rust's regex) and a ``multipleOf``
+      that is not an integer (float remainders). Such a schema is checked by jsonschema alone,
+      as is one jsonschema-rs cannot compile.
 
     Args:
         schema: the JSON Schema (a mapping; copied).
@@ -34,17 +42,19 @@ class SchemaCheck:
     def __init__(self, schema: Mapping[str, Any]) -> None:
         self.schema = dict(schema)
         self._full: Any = None
-        try:
-            import jsonschema_rs
+        self._fast: Any = None
+        if _agreed(self.schema):
+            try:
+                import jsonschema_rs
 
-            self._fast: Any = jsonschema_rs.Draft202012Validator(self.schema)
-        except Exception:  # noqa: BLE001 - a schema it cannot compile: jsonschema decides alone
-            self._fast = None
+                self._fast = jsonschema_rs.Draft202012Validator(self.schema)
+            except Exception:  # noqa: BLE001 - a schema it cannot compile: jsonschema decides alone
+                self._fast = None
 
     def iter_errors(self, instance: Any) -> Iterator[Any]:
         """The validation errors of ``instance``: none when it is valid, else jsonschema's
         ``ValidationError`` objects (``absolute_path``, ``message``, ``validator``)."""
-        if self._fast is not None:
+        if self._fast is not None and _plain(instance, 0):
             try:
                 if self._fast.is_valid(instance):
                     return iter(())
@@ -56,3 +66,53 @@ class SchemaCheck:
 
             full = self._full = jsonschema.Draft202012Validator(self.schema)
         return full.iter_errors(instance)
+
+
+def _plain(value: Any, depth: int) -> bool:
+    """Whether ``value`` is made of plain JSON values only, nested at most `_MAX_DEPTH` deep
+    (plain loops: a task's workspace takes about 8 us)."""
+    kind = type(value)
+    if kind is dict:
+        if depth >= _MAX_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            inner = type(item)
+            if inner is dict or inner is list:
+                if not _plain(item, depth + 1):
+                    return False
+            elif inner not in _SCALARS:
+                return False
+        return True
+    if kind is list:
+        if depth >= _MAX_DEPTH:
+            return False
+        for item in value:
+            inner = type(item)
+            if inner is dict or inner is list:
+                if not _plain(item, depth + 1):
+                    return False
+            elif inner not in _SCALARS:
+                return False
+        return True
+    return kind in _SCALARS
+
+
+def _agreed(schema: Any) -> bool:
+    """Whether ``schema`` (and every schema inside it) avoids the keywords the two validators
+    read differently (see `SchemaCheck`)."""
+    if isinstance(schema, list):
+        return all(_agreed(item) for item in schema)
+    if not isinstance(schema, dict):
+        return True
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and "\\" in pattern:
+        return False
+    patterns = schema.get("patternProperties")
+    if isinstance(patterns, dict) and any("\\" in str(key) for key in patterns):
+        return False
+    step = schema.get("multipleOf")
+    if step is not None and not (type(step) is int or (type(step) is float and step.is_integer())):
+        return False
+    return all(_agreed(value) for key, value in schema.items() if key not in ("enum", "const", "default", "examples"))

@@ -9,6 +9,7 @@ at the edges of its bounds), and arbitrary JSON objects over the schema's own pr
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 import jsonschema
@@ -119,3 +120,45 @@ def test_a_schema_the_fast_validator_cannot_compile_is_checked_by_jsonschema_alo
     check = SchemaCheck(schema)
     assert check._fast is None
     assert list(check.iter_errors(5))[0].validator == "type"
+
+
+class _Command(enum.Enum):
+    TRUE = "true"
+
+
+class _Number(enum.Enum):
+    FIVE = 5
+
+
+@pytest.mark.parametrize("schema,instance", [
+    ({"type": "string"}, _Command.TRUE),  # jsonschema-rs reads an Enum as its value
+    ({"type": "integer", "maximum": 10}, _Number.FIVE),
+    ({"type": "array"}, ("a",)),  # and a tuple as an array
+    ({"type": "object", "properties": {"p": {"type": "array"}}}, {"p": ("a",)}),
+    ({"multipleOf": 0.01}, 0.07),  # float remainders differ
+    ({"multipleOf": 0.1}, 0.3),
+    ({"type": "string", "pattern": "^\\S+$"}, "a\x1cb"),  # \s, \d, \w: Unicode in re, ASCII in Rust
+    ({"type": "string", "pattern": "^\\D+$"}, "\u0663"),
+    ({"type": "string", "pattern": "^\\W+$"}, "\u00e9"),
+    ({"type": "object", "patternProperties": {"^\\d+$": {"type": "integer"}}}, {"\u0663": "s"}),
+], ids=["enum", "int-enum", "tuple", "nested-tuple", "multipleOf-0.01", "multipleOf-0.1",
+        "regex-S", "regex-D", "regex-W", "patternProperties-d"])
+def test_where_the_validators_differ_jsonschema_decides(schema, instance):
+    """Each of these the fast validator alone would pass; jsonschema rejects it."""
+    full = list(jsonschema.Draft202012Validator(schema).iter_errors(instance))
+    assert full, "jsonschema rejects the instance"
+    assert _messages(SchemaCheck(schema).iter_errors(instance)) == _messages(full)
+
+
+def test_a_deep_or_self_containing_instance_goes_to_jsonschema():
+    schema = {"$defs": {"node": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+              "$ref": "#/$defs/node"}
+    check = SchemaCheck(schema)
+    deep: list = []
+    for _ in range(200):
+        deep = [deep]
+    assert list(check.iter_errors(deep)) == []  # jsonschema's answer (the fast one is not asked)
+    loop: list = []
+    loop.append(loop)
+    with pytest.raises(RecursionError):  # what jsonschema did before the fast path: not "valid"
+        list(check.iter_errors(loop))
