@@ -75,28 +75,25 @@ def _plain(value: Any, depth: int) -> bool:
     if kind is dict:
         if depth >= _MAX_DEPTH:
             return False
-        for key, item in value.items():
+        for key in value:
             if type(key) is not str:
                 return False
-            inner = type(item)
-            if inner is dict or inner is list:
-                if not _plain(item, depth + 1):
-                    return False
-            elif inner not in _SCALARS:
-                return False
-        return True
+        return _items_plain(value.values(), depth)
     if kind is list:
-        if depth >= _MAX_DEPTH:
-            return False
-        for item in value:
-            inner = type(item)
-            if inner is dict or inner is list:
-                if not _plain(item, depth + 1):
-                    return False
-            elif inner not in _SCALARS:
-                return False
-        return True
+        return depth < _MAX_DEPTH and _items_plain(value, depth)
     return kind in _SCALARS
+
+
+def _items_plain(items: Any, depth: int) -> bool:
+    """`_plain` for the items of a container at ``depth``."""
+    for item in items:
+        inner = type(item)
+        if inner is dict or inner is list:
+            if not _plain(item, depth + 1):
+                return False
+        elif inner not in _SCALARS:
+            return False
+    return True
 
 
 def _agreed(schema: Any) -> bool:
