@@ -90,7 +90,7 @@ def test_the_catalog_has_schemas_to_compare():
 
 
 @pytest.mark.parametrize("name,schema", _SCHEMAS, ids=[name for name, _ in _SCHEMAS])
-@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_the_check_agrees_with_jsonschema(name, schema, data):
     full = jsonschema.Draft202012Validator(schema)
