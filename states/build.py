@@ -15,10 +15,11 @@ workspace), goes through the recovery protocol: ``TOOL_FAILURE`` -> ``FAILURE_CL
 
 Checkpoints, so that a task's run command completes at most once across retries and crashes:
 
-* a shell build is wrapped so that the shell writes ``.ftl/checkpoints/<campaign_id>/
-  <workspace_id>-<attempt>.built`` the moment the run command exits 0;
-* before each try of the build (the first and every retry of a transient failure) that file is
-  checked: if a previous try's command completed but its reply was lost (``network_error``,
+* a shell build is wrapped so that the shell appends ``<workspace_id>-<attempt>`` to the
+  campaign's journal ``.ftl/checkpoints/<campaign_id>.built`` the moment the run command exits
+  0 (`ftl.engine.checkpoints`);
+* before each try of the build (the first and every retry of a transient failure) the journal
+  is checked: if a previous try's command completed but its reply was lost (``network_error``,
   ``timeout`` raised by the client after the command ran), the build is taken as done
   (``RECOVERY_ATTEMPT`` reuse_build) instead of running the command again;
 * when the builder succeeds its workspace is marked ``built`` before verify runs, so a crash
@@ -26,8 +27,8 @@ Checkpoints, so that a task's run command completes at most once across retries 
   ``built`` in the same statement that records it, so a second crash still finds it;
 * a kill of ftl between the command's exit and the store's ``built`` row (the builder's change
   detection, the reply, the commit: tens of ms), or a command that finishes in the tool server
-  after ftl died, leaves an ``abandoned`` attempt with that file, which resume takes as built.
-  Resume walks back over abandoned attempts without the file (they died before their command
+  after ftl died, leaves an ``abandoned`` attempt with its checkpoint, which resume takes as
+  built. Resume walks back over abandoned attempts without one (they died before their command
   completed) to an earlier built one, and stops at a blocked or cancelled attempt or a changed
   task spec.
 
@@ -55,21 +56,17 @@ commit integrated into the campaign's branch. The commit is the record resume lo
 
 from __future__ import annotations
 
-import functools
 import logging
-import os
-import re
-import shlex
 import threading
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Callable
 
 from ftl import dag
 from ftl import events as ev
 from ftl.errors import FtlError
 from ftl.idioms import check_idioms, detected_frameworks, violation_error
+from ftl.engine import checkpoints
 from ftl.engine.machine import Flow
 from ftl.engine.recovery import classify_command, classify_exception, escalate_flaky
 from ftl.engine.runner import Next, Run
@@ -188,14 +185,15 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
     claude = _ClaudeTries(run, seq, cancel, spent) if builder == "claude_builder" else None
     if built is None:
         build_spec = spec
-        checkpoint: Path | None = None
+        checkpoint: checkpoints.Checkpoint | None = None
         if builder == "shell_builder" and task.run:
-            checkpoint = _checkpoint(run, workspace, round_)
-            build_spec = {**spec, "run": _with_checkpoint(task.run, checkpoint)}
+            checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(
+                run.repo, run.campaign_id, workspace.workspace_id, workspace.attempt, round_))
+            build_spec = {**spec, "run": checkpoints.wrap(task.run, checkpoint)}
         others = exclude
 
         def build_try(number: int) -> dict[str, Any]:
-            if checkpoint is not None and checkpoint.exists():
+            if checkpoint is not None and checkpoints.written(checkpoint):
                 # An earlier try's command completed; only its reply was lost. Never run it twice.
                 run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
                                       task_seq=seq, attempt=number)
@@ -797,60 +795,13 @@ def _already_built(run: Run, seq: str, spec: dict[str, Any], rows: list[dict[str
             return (row.get("result") or {}).get("build") or {}, old
         if status != "abandoned":
             return None
-        if _checkpoint_path(run, row["workspace_id"], row["attempt"]).exists():
+        if checkpoints.written(checkpoints.checkpoint_for(run.repo, run.campaign_id,
+                                                          row["workspace_id"], row["attempt"])):
             return {"status": "complete", "delivered": f"ran: {old.get('run') or ''}",
                     "from_checkpoint": True}, old
         if old.get("base_commit"):  # a worktree attempt reset its folder before it died: an
             return None             # earlier build there is gone, a half-written one may be in it
     return None
-
-
-def _checkpoint_path(run: Run, workspace_id: str, attempt: int, round_: int = 1) -> Path:
-    suffix = "" if round_ == 1 else f"-r{round_}"
-    return (run.repo / ".ftl" / "checkpoints" / run.campaign_id
-            / f"{workspace_id}-{attempt}{suffix}.built")
-
-
-def _checkpoint(run: Run, workspace: Any, round_: int = 1) -> Path:
-    path = _checkpoint_path(run, workspace.workspace_id, workspace.attempt, round_)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(os.path.abspath(path))  # the wrapper's command may cd; no symlink walk needed
-
-
-# Words after which the command may replace the shell (exec) or its EXIT trap (trap), itself or
-# in code it runs in the same shell (eval, source, "."), or touch the wrapper's own names: such a
-# command keeps the subshell wrapper.
-_OWNS_THE_SHELL = re.compile(r"\b(?:trap|exec|eval|source|ftl_checkpoint|ftl_status)\b"
-                             r"|(?:^|[\s;&|(`])\.\s")
-
-
-@functools.cache
-def _sh_is_dash() -> bool:
-    """Whether ``/bin/sh`` (which runs shell commands, `ftl.server.tools.proc.run_command`) is
-    dash. bash, as ``/bin/sh`` on Fedora, RHEL or Arch, runs an EXIT trap when a signal kills it
-    (a timeout's SIGTERM, a SIGPIPE after ftl died), with ``$?`` of the last command that
-    finished: the EXIT-trap wrapper would then record a killed build as built. dash does not."""
-    return os.path.basename(os.path.realpath("/bin/sh")) == "dash"
-
-
-def _with_checkpoint(command: str, checkpoint: Path, *, trap: bool | None = None) -> str:
-    """``command`` wrapped so that the shell writes the checkpoint (a builtin's redirection) when
-    it exits 0.
-
-    Where ``/bin/sh`` is dash, an EXIT trap does it without a second process: the command runs
-    in the wrapper's own shell, and ``exit 0`` anywhere in it still reaches the trap, while a
-    signal that kills the shell does not. Elsewhere (``trap`` False; None: `_sh_is_dash`), and
-    for a command that could replace the shell or the trap (`_OWNS_THE_SHELL`), the command runs
-    in a subshell (one fork more, about 0.3 ms) and the wrapper checks its status. Newlines
-    separate the parts, so a trailing ``# comment`` in the command cannot swallow the wrapper;
-    the command's exit status is the wrapper's.
-    """
-    # `case` on the quoted status: in the trap form the command runs in this shell, and an IFS
-    # it set must not split the status.
-    write = f'case "$ftl_status" in 0) : >| {shlex.quote(str(checkpoint))};; esac'
-    if not (_sh_is_dash() if trap is None else trap) or _OWNS_THE_SHELL.search(command):
-        return f'(\n{command}\n)\nftl_status=$?\n{write}\nexit "$ftl_status"'
-    return f"ftl_checkpoint() {{ ftl_status=$?; {write}; }}\ntrap ftl_checkpoint EXIT\n{command}\n"
 
 
 def _trim(result: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from ftl.engine import checkpoints
 from ftl.engine import runner as runner_module
 from ftl.config import Config
 from ftl.errors import FtlError
@@ -365,10 +366,67 @@ def test_an_abandoned_attempt_with_its_checkpoint_counts_as_built(tmp_path: Path
         store.reset_running(cid)
         run = _rows_run(store, cid, tmp_path)
         assert build_state._already_built(run, "001", spec) is None
-        checkpoint = build_state._checkpoint_path(run, "001-a", 1)
-        checkpoint.parent.mkdir(parents=True)
-        checkpoint.touch()
+        checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, cid, "001-a", 1))
+        checkpoint.journal.write_text("\n001-a-2 .\n\n001-a-1 .")  # another attempt; a line not ended
+        assert build_state._already_built(run, "001", spec) is None
+        with checkpoint.journal.open("a") as journal:
+            journal.write("\n")  # the line is whole now
         assert build_state._already_built(run, "001", spec)[0]["from_checkpoint"] is True
+
+
+def test_a_checkpoint_file_an_earlier_ftl_wrote_still_counts(tmp_path: Path) -> None:
+    """Before the journal, each build's checkpoint was an empty file of its own; a campaign
+    such an ftl left behind resumes with them."""
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("x")["id"]
+        spec = {"workspace_id": "001-a", "seq": "001", "run": "make", "delta": [], "creates": []}
+        store.record_workspace(cid, {**spec, "attempt": 1})
+        store.reset_running(cid)
+        run = _rows_run(store, cid, tmp_path)
+        legacy = tmp_path / ".ftl" / "checkpoints" / cid / "001-a-1.built"
+        legacy.parent.mkdir(parents=True)
+        legacy.touch()
+        assert build_state._already_built(run, "001", spec)[0]["from_checkpoint"] is True
+
+
+def _append(checkpoint: checkpoints.Checkpoint, text: str) -> None:
+    with checkpoint.journal.open("a") as journal:
+        journal.write(text)
+
+
+def test_the_journal_is_read_as_it_grows_and_again_when_it_is_made_anew(tmp_path: Path) -> None:
+    first = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 1))
+    second = checkpoints.checkpoint_for(tmp_path, "c-1", "002-b", 1)
+    tenth = checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 10)
+    assert first.journal.read_text() == "" and not checkpoints.written(first)
+    _append(first, "\n001-a-10 .\n")
+    assert checkpoints.written(tenth) and not checkpoints.written(first)  # no prefix match
+    _append(first, "\n001-a-1 .\n")
+    assert checkpoints.written(first) and not checkpoints.written(second)
+    _append(first, "\n002-b-1 .\n")
+    assert checkpoints.written(second)
+    # removed and made again, with no look in between: the new file is read from its start
+    first.journal.unlink()
+    first.journal.write_text("\n002-b-1 .\n")
+    assert checkpoints.written(second) and not checkpoints.written(first)
+    first.journal.unlink()  # the folder emptied (a new .ftl): nothing counts any more
+    assert not checkpoints.written(second)
+
+
+def test_a_write_cut_short_does_not_swallow_the_next_builds_line(tmp_path: Path) -> None:
+    """A full disk can cut a marker's one write: that line lacks its end and counts for
+    nothing, and the next build's line still starts on a line of its own."""
+    cut = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, "c-1", "007-a", 1))
+    after = checkpoints.checkpoint_for(tmp_path, "c-1", "008-add-tests", 1)
+    _append(cut, "\n007-")  # the cut write
+    done = subprocess.run(["/bin/sh", "-c", checkpoints.wrap("true", after)], timeout=10)
+    assert done.returncode == 0
+    assert checkpoints.written(after) and not checkpoints.written(cut)
+    shorter = checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 1)
+    _append(cut, "\n001-a-10")  # cut before its end: not 001-a-10, and not 001-a-1 either
+    _append(cut, "\n")
+    assert not checkpoints.written(shorter)
+    assert not checkpoints.written(checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 10))
 
 
 # --------------------------------------------------------------------------- 3: one driver per repo
@@ -814,6 +872,10 @@ def test_a_cancel_during_a_first_round_merge_conflict_leaves_the_task_resumable(
     ("eval 'exit 0'", 0, True),
     ("ftl_checkpoint() { exit 7; }; true", 0, True),  # the wrapper's own names: a subshell
     ("unset -f ftl_checkpoint; true", 0, True),
+    ("printf() { exit 5; }; true", 0, True),  # `command printf` is the builtin all the same
+    ("command () { exit 3; }; true", 0, True),  # the one function the write could call
+    ("printf 'built %s\\n' ok >&2", 0, True),  # a printf of its own is no reason for a subshell
+    ("ulimit -f 0; true", 0, True),  # a file-size limit would kill the write (SIGXFSZ)
 ])
 def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Path, shell: str,
                                                                    trap: bool | None, command: str,
@@ -824,13 +886,14 @@ def test_the_build_wrapper_writes_the_checkpoint_exactly_on_exit_0(tmp_path: Pat
 
     if shutil.which(shell) is None:
         pytest.skip(f"{shell} is not installed")
-    checkpoint = tmp_path / "it's a dir" / "001-a-1.built"  # quoting: a quote and a space
-    checkpoint.parent.mkdir()
-    wrapped = build_state._with_checkpoint(command, checkpoint, trap=trap)
+    # quoting: a quote and a space in the folder, a quote in the marker
+    checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path / "it's a dir", "c-1", "001-a'b", 1))
+    wrapped = checkpoints.wrap(command, checkpoint, trap=trap)
     done = subprocess.run([shell, "-c", wrapped], capture_output=True, text=True, timeout=10)
-    assert (done.returncode, checkpoint.exists()) == (status, written), done.stderr
-    owns = build_state._OWNS_THE_SHELL.search(command) is not None
-    trapped = build_state._sh_is_dash() if trap is None else trap
+    assert (done.returncode, checkpoints.written(checkpoint)) == (status, written), done.stderr
+    assert checkpoint.journal.read_text() == ("\n001-a'b-1 .\n" if written else "")
+    owns = checkpoints.OWNS_THE_SHELL.search(command) is not None
+    trapped = checkpoints.sh_is_dash() if trap is None else trap
     assert wrapped.startswith("(\n") == (owns or not trapped)
 
 
@@ -846,7 +909,7 @@ def test_a_build_stopped_at_its_timeout_leaves_no_checkpoint(tmp_path: Path, she
 
     if shutil.which(shell) is None:
         pytest.skip(f"{shell} is not installed")
-    checkpoint = tmp_path / "001-a-1.built"
-    wrapped = build_state._with_checkpoint("true; sleep 5", checkpoint, trap=trap)
+    checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 1))
+    wrapped = checkpoints.wrap("true; sleep 5", checkpoint, trap=trap)
     result = run_command([shell, "-c", wrapped], cwd=tmp_path, timeout_s=0.5)
-    assert result.timed_out and not checkpoint.exists()
+    assert result.timed_out and not checkpoints.written(checkpoint)
