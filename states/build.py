@@ -189,7 +189,8 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
         if builder == "shell_builder" and task.run:
             checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(
                 run.repo, run.campaign_id, workspace.workspace_id, workspace.attempt, round_))
-            build_spec = {**spec, "run": checkpoints.wrap(task.run, checkpoint)}
+            if checkpoint is not None:
+                build_spec = {**spec, "run": checkpoints.wrap(task.run, checkpoint)}
         others = exclude
 
         def build_try(number: int) -> dict[str, Any]:

@@ -413,6 +413,23 @@ def test_the_journal_is_read_as_it_grows_and_again_when_it_is_made_anew(tmp_path
     assert not checkpoints.written(second)
 
 
+def test_a_journal_that_cannot_be_made_leaves_the_build_without_a_checkpoint(tmp_path: Path) -> None:
+    (tmp_path / ".ftl").mkdir()
+    (tmp_path / ".ftl" / "checkpoints").write_text("a file where the folder goes")
+    assert checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, "c-1", "001-a", 1)) is None
+
+
+def test_a_reader_evicted_while_in_use_answers_and_keeps_no_file_open(tmp_path: Path) -> None:
+    held = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, "c-0", "001-a", 1))
+    _append(held, "\n001-a-1 .\n")
+    reader = checkpoints._reader(held.journal)
+    for number in range(1, checkpoints._READERS_KEPT + 2):  # pushes the first reader out
+        checkpoints.written(checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, f"c-{number}", "x", 1)))
+    before = len(os.listdir("/proc/self/fd"))
+    assert reader.has("001-a-1")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def test_a_write_cut_short_does_not_swallow_the_next_builds_line(tmp_path: Path) -> None:
     """A full disk can cut a marker's one write: that line lacks its end and counts for
     nothing, and the next build's line still starts on a line of its own."""

@@ -23,6 +23,7 @@ Checkpoints of an earlier ftl (one ``<marker>.built`` file per build in
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import re
 import shlex
@@ -30,6 +31,8 @@ import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import NamedTuple
+
+log = logging.getLogger("ftl.engine.checkpoints")
 
 __all__ = ["Checkpoint", "checkpoint_for", "prepare", "written", "wrap", "OWNS_THE_SHELL",
            "sh_is_dash"]
@@ -53,15 +56,18 @@ def checkpoint_for(repo: Path, campaign_id: str, workspace_id: str, attempt: int
     return Checkpoint(journal, f"{workspace_id}-{attempt}{suffix}".replace("\n", " "))
 
 
-def prepare(checkpoint: Checkpoint) -> Checkpoint:
-    """Make the journal (and its folder) unless it is there; return ``checkpoint``.
-
-    Raises:
-        OSError: the folder or the file cannot be made.
-    """
-    if not checkpoint.journal.is_file():
-        checkpoint.journal.parent.mkdir(parents=True, exist_ok=True)
-        os.close(os.open(checkpoint.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+def prepare(checkpoint: Checkpoint) -> Checkpoint | None:
+    """Make the journal (and its folder) unless it is there; return ``checkpoint``, or None
+    when it cannot be made (a read-only or full disk): the build then runs without a
+    checkpoint, as one whose shell could not write it did before (at least once, not lost)."""
+    try:
+        if not checkpoint.journal.is_file():
+            checkpoint.journal.parent.mkdir(parents=True, exist_ok=True)
+            os.close(os.open(checkpoint.journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644))
+    except OSError as exc:
+        log.warning("no build checkpoint: the journal %s cannot be made (%s)",
+                    checkpoint.journal.name, exc.strerror or type(exc).__name__)
+        return None
     return checkpoint
 
 
@@ -84,8 +90,10 @@ _END = b" ."  # the end of a whole marker line
 class _JournalReader:
     """The markers of one journal, read incrementally; thread-safe. It keeps the journal open,
     so a journal removed and made again (a new inode; the number of the old one cannot be
-    reused while it is held) is told apart and read again from its start, as is one cut
-    shorter than what was read (`close` releases it)."""
+    reused while it is held) is told apart and read again from its start, as is one found
+    shorter than what was read. (A journal emptied in place and written past that point
+    between two looks is not told apart: ftl never empties one.) `close` releases it; a
+    reader closed while a caller still held it answers that caller and closes again."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -94,6 +102,7 @@ class _JournalReader:
         self._offset = 0
         self._partial = b""
         self._markers: set[str] = set()
+        self._closed = False
 
     def has(self, marker: str) -> bool:
         """Whether ``marker`` is a whole line of the journal (read up to now)."""
@@ -103,7 +112,10 @@ class _JournalReader:
             except OSError:  # gone, or unreadable: nothing counts
                 self._reopen(None)
                 return False
-            return marker in self._markers
+            found = marker in self._markers
+            if self._closed:  # evicted meanwhile: keep no file open for nobody
+                self._reopen(None)
+            return found
 
     def _catch_up(self) -> None:
         found = os.stat(self.path)
@@ -131,6 +143,7 @@ class _JournalReader:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             self._reopen(None)
 
 
@@ -143,9 +156,10 @@ def _reader(path: Path) -> _JournalReader:
     with _READERS_LOCK:
         reader = _READERS.pop(path, None) or _JournalReader(path)
         _READERS[path] = reader
-        while len(_READERS) > _READERS_KEPT:
-            _READERS.popitem(last=False)[1].close()
-        return reader
+        evicted = [_READERS.popitem(last=False)[1] for _ in range(len(_READERS) - _READERS_KEPT)]
+    for old in evicted:  # outside the lock: a read in progress must not stall every lookup
+        old.close()
+    return reader
 
 
 # Words after which the command may replace the shell (exec) or its EXIT trap (trap), itself or
