@@ -358,13 +358,18 @@ def test_resume_does_not_walk_back_past_a_worktree_attempt_that_died(tmp_path: P
         assert build_state._already_built(run, "001", spec) is None
 
 
+def _one_abandoned_attempt(store: Store, repo: Path) -> tuple[Any, str, dict]:
+    """A campaign whose task 001 has one attempt, abandoned by a crash: (run, its id, spec)."""
+    cid = store.create_campaign("x")["id"]
+    spec = {"workspace_id": "001-a", "seq": "001", "run": "make", "delta": [], "creates": []}
+    store.record_workspace(cid, {**spec, "attempt": 1})
+    store.reset_running(cid)
+    return _rows_run(store, cid, repo), cid, spec
+
+
 def test_an_abandoned_attempt_with_its_checkpoint_counts_as_built(tmp_path: Path) -> None:
     with Store.for_repo(tmp_path) as store:
-        cid = store.create_campaign("x")["id"]
-        spec = {"workspace_id": "001-a", "seq": "001", "run": "make", "delta": [], "creates": []}
-        store.record_workspace(cid, {**spec, "attempt": 1})
-        store.reset_running(cid)
-        run = _rows_run(store, cid, tmp_path)
+        run, cid, spec = _one_abandoned_attempt(store, tmp_path)
         assert build_state._already_built(run, "001", spec) is None
         checkpoint = checkpoints.prepare(checkpoints.checkpoint_for(tmp_path, cid, "001-a", 1))
         checkpoint.journal.write_text("\n001-a-2 .\n\n001-a-1 .")  # another attempt; a line not ended
@@ -378,11 +383,7 @@ def test_a_checkpoint_file_an_earlier_ftl_wrote_still_counts(tmp_path: Path) -> 
     """Before the journal, each build's checkpoint was an empty file of its own; a campaign
     such an ftl left behind resumes with them."""
     with Store.for_repo(tmp_path) as store:
-        cid = store.create_campaign("x")["id"]
-        spec = {"workspace_id": "001-a", "seq": "001", "run": "make", "delta": [], "creates": []}
-        store.record_workspace(cid, {**spec, "attempt": 1})
-        store.reset_running(cid)
-        run = _rows_run(store, cid, tmp_path)
+        run, cid, spec = _one_abandoned_attempt(store, tmp_path)
         legacy = tmp_path / ".ftl" / "checkpoints" / cid / "001-a-1.built"
         legacy.parent.mkdir(parents=True)
         legacy.touch()
