@@ -123,8 +123,8 @@ class _JournalReader:
         if held is None or (held.st_dev, held.st_ino) != (found.st_dev, found.st_ino):
             self._reopen(os.open(self.path, os.O_RDONLY))
         size = os.fstat(self._fd).st_size  # type: ignore[arg-type]
-        if size < self._offset:
-            self._reopen(self._fd, keep=True)
+        if size < self._offset:  # cut shorter: read it again from its start
+            self._forget()
         while size > self._offset:
             data = os.pread(self._fd, size - self._offset, self._offset)  # type: ignore[arg-type]
             if not data:
@@ -135,11 +135,15 @@ class _JournalReader:
             self._markers.update(line[:-len(_END)].decode("utf-8", "replace")
                                  for line in lines if line.endswith(_END))
 
-    def _reopen(self, fd: int | None, keep: bool = False) -> None:
-        if self._fd is not None and not keep:
+    def _reopen(self, fd: int | None) -> None:
+        """Hold ``fd`` (None: nothing) instead of the journal held so far, read from its start."""
+        if self._fd is not None:
             os.close(self._fd)
-        self._fd, self._offset, self._partial = fd, 0, b""
-        self._markers = set()
+        self._fd = fd
+        self._forget()
+
+    def _forget(self) -> None:
+        self._offset, self._partial, self._markers = 0, b"", set()
 
     def close(self) -> None:
         with self._lock:

@@ -112,4 +112,7 @@ def _agreed(schema: Any) -> bool:
     step = schema.get("multipleOf")
     if step is not None and not (type(step) is int or (type(step) is float and step.is_integer())):
         return False
-    return all(_agreed(value) for key, value in schema.items() if key not in ("enum", "const", "default", "examples"))
+    return all(_agreed(value) for key, value in schema.items() if key not in _DATA_KEYWORDS)
+
+
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})  # values, not schemas

@@ -141,8 +141,8 @@ class ManglecpServer:
         self.facts_profile = self._facts_profile()
         self._temporal = {p.predicate for p in self.facts_profile.predicates or () if p.temporal}
         self._declared = {p.predicate: p for p in self.facts_profile.predicates or ()}
-        # (pred, argument types, stamped here) -> whether such a delta fact passes `validate_facts`
-        self._delta_shapes: dict[tuple[Any, ...], bool] = {}
+        # (pred, argument types, stamped here) of delta facts that passed `validate_facts`
+        self._valid_delta_shapes: set[tuple[Any, ...]] = set()
         self._intent_names = {str(i.get("name")) for i in self.info.intents}
         self._manifest_cache: dict[str, dict[str, Any]] = {}
 
@@ -853,14 +853,14 @@ class ManglecpServer:
         if (type(pred) is str and type(args) is list and (stamped or "t" not in wire)
                 and all(type(value) is str or type(value) is bool for value in args)):
             shape = (pred, tuple(map(type, args)), stamped)
-            if self._delta_shapes.get(shape):
+            if shape in self._valid_delta_shapes:
                 return dict(wire)
         _, violations = validate_facts([wire], self.facts_profile)
         if violations:
             log.error("%s produced an invalid delta fact: %s", tool_name, violations[0]["message"])
             return None
         if shape is not None:
-            self._delta_shapes[shape] = True
+            self._valid_delta_shapes.add(shape)
         return dict(wire)
 
     def _delta_pattern(self, item: Mapping[str, Any], tool_name: str) -> dict[str, Any] | None:
