@@ -5,45 +5,52 @@ Two defences against orphans (issue "crash safety", item 3), Linux only:
 * `parent_death_setup` (a ``preexec_fn``) asks the kernel to SIGKILL a child when the thread
   that spawned it exits (``prctl(PR_SET_PDEATHSIG)``): the tool server dies with ftl, and so do
   the short commands it runs (explorers, git, planners). It reaches the direct child only.
-* the **ledger**: each build or verify command's process group is recorded in
-  ``.ftl/procs/<pid>.json`` (pid = pgid, its start time in clock ticks, its deadline) while it
-  runs and forgotten when it is reaped. These commands get no parent-death signal: killing one
-  after its work is done but before its wrapper wrote the checkpoint is exactly how a finished
-  build ran twice (issue "crash safety", item 1). Instead, when ftl dies, such a command runs
-  to its end and records its own completion; `reap`, called by the resume before anything
-  runs again, waits for every recorded group to end, up to its deadline (the task's timeout),
-  and kills what is left then. So no orphan changes the repository while a resume runs, and a
-  finished build is never repeated. The leader's start time tells our group from a later one
-  that reused the number.
+* the **ledger**: each build or verify command's process group (pid = pgid, its start time in
+  clock ticks, its deadline) is recorded while it runs and released when it is reaped. These
+  commands get no parent-death signal: killing one after its work is done but before its
+  wrapper wrote the checkpoint is exactly how a finished build ran twice (issue "crash
+  safety", item 1). Instead, when ftl dies, such a command runs to its end and records its own
+  completion; `reap`, called by the resume before anything runs again, waits for every
+  recorded group to end, up to its deadline (the task's timeout), and kills what is left then.
+  So no orphan changes the repository while a resume runs, and a finished build is never
+  repeated. The leader's start time tells our group from a later one that reused the number.
+
+The ledger is a folder of journals, ``.ftl/procs/<pid>-<start ticks>.log``, one per ftl
+process, appended to and never rewritten: a record is the line ``+ <pgid> <ticks> <deadline>
+<what as JSON> .``, a release ``- <pgid> <ticks> .``. An append costs a few us where creating,
+renaming or removing a file costs 0.1-0.3 ms (ext4 on the 2-core VM ftl is benchmarked on),
+and every build and verify command records and releases once (issue 11 item 3). A line counts
+only when it is whole (ends with `` .``); each append starts with its own newline, so a write
+cut short by a kill or a full disk is skipped by readers without swallowing the next line. A
+journal with nothing open is emptied once it passes `COMPACT_BYTES`.
 
 A process that left its group (``setsid``) is out of reach of both; say so where it matters.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import signal
 import threading
 import time
+from collections import OrderedDict
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
-__all__ = ["parent_death_setup", "record", "release", "forget", "reap", "start_ticks", "pid_stat",
-           "LEDGER_DIR"]
+__all__ = ["parent_death_setup", "record", "release", "recorded", "forget", "reap", "start_ticks",
+           "pid_stat", "LedgerEntry", "LEDGER_DIR"]
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LEDGER_DIR = Path(".ftl") / "procs"
 
-# Every entry is padded to this size, so a released entry's file can be rewritten in place for
-# the next command. Creating (or truncating) a file costs 0.2-0.3 ms on some file systems (ext4
-# on the 2-core VM ftl is benchmarked on), rewriting one in place a few us, and every build and
-# verify command writes one entry and removes it (issue 11 item 3). ``what`` is cut to 200
-# characters, and shorter when they take more than this as JSON (12 bytes for an emoji).
-ENTRY_BYTES = 2048
-_SPARE_PREFIX = "spare-"  # a released entry, kept for its thread's next command; not *.json
+COMPACT_BYTES = 64 * 1024  # a journal with no open record is emptied past this size
+_KEEP_OPEN = 4  # journals (one per ledger folder) whose descriptor a process keeps
+
 
 try:
     _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
@@ -87,75 +94,206 @@ def start_ticks(pid: int) -> int | None:
     return found[1] if found else None
 
 
-def _spare(ledger: Path) -> Path:
-    """This thread's released entry file in ``ledger`` (it may not exist)."""
-    return ledger / f"{_SPARE_PREFIX}{os.getpid()}-{threading.get_ident()}"
+class LedgerEntry(NamedTuple):
+    """A recorded group: what `release` needs to take it out of its journal again."""
+
+    journal: "_Journal"
+    pgid: int
+    ticks: int
 
 
-def record(ledger: Path, pid: int, what: str, deadline_s: float) -> Path | None:
-    """Write ``ledger/<pid>.json`` for the group led by ``pid`` (atomic rename), with its
-    deadline (``deadline_s``, epoch seconds). The content is written in full under another name
-    first: this thread's released entry (`release`) when there is one, else a new ``.tmp``.
+class _Journal:
+    """This process's journal in one ledger folder: an ``O_APPEND`` descriptor, the records
+    still open, and the bytes written (for `COMPACT_BYTES`). Thread-safe."""
+
+    def __init__(self, ledger: Path, owner: str) -> None:
+        self.ledger = ledger
+        self.path = ledger / f"{owner}.log"
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.open = 0
+        self.fd: int | None = None
+        self.size = 0
+
+    def append(self, line: bytes, opens: int) -> bool:
+        """Append ``line`` (one record or release); ``opens`` +1 / -1 / 0. False when it
+        could not be written (the caller's command runs unrecorded)."""
+        with self.lock:
+            try:
+                fd = self._descriptor()
+                if opens < 0 and self.open <= 1 and self.size >= COMPACT_BYTES:
+                    os.ftruncate(fd, 0)  # this release closes the last open record
+                    self.size, self.open = 0, 0
+                    return True
+                written = 0
+                while written < len(line):
+                    written += os.write(fd, line[written:])
+            except OSError:
+                return False
+            self.size += len(line)
+            self.open = max(0, self.open + opens)
+            return True
+
+    def _descriptor(self) -> int:
+        """The journal's descriptor, opened again (and the journal made again) when a reap of
+        another process removed the file this one was writing to."""
+        if self.fd is not None and os.fstat(self.fd).st_nlink > 0:
+            return self.fd
+        self.close()
+        self.ledger.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.size, self.open = os.fstat(self.fd).st_size, 0
+        return self.fd
+
+    def close(self, remove: bool = False) -> None:
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+        if remove:
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+
+
+_journals: "OrderedDict[Path, _Journal]" = OrderedDict()
+_journals_lock = threading.Lock()
+
+
+def _journal(ledger: Path) -> _Journal:
+    """This process's journal in ``ledger``; the least recently used idle one past
+    `_KEEP_OPEN` is closed (a test suite makes a ledger per temporary repository)."""
+    with _journals_lock:
+        journal = _journals.get(ledger)
+        if journal is not None and journal.pid == os.getpid():
+            _journals.move_to_end(ledger)
+            return journal
+        journal = _journals[ledger] = _Journal(ledger, _owner())
+        _journals.move_to_end(ledger)
+        for key, idle in list(_journals.items())[:-_KEEP_OPEN]:
+            if idle.open == 0 or idle.pid != os.getpid():
+                with idle.lock:
+                    idle.close(remove=idle.open == 0 and idle.pid == os.getpid())
+                del _journals[key]
+        return journal
+
+
+@functools.cache
+def _owner_of(pid: int) -> str:
+    return f"{pid}-{start_ticks(pid) or 0}"
+
+
+def _owner() -> str:
+    """This process's journal name: its pid and start ticks (a later process with the same
+    pid writes to a journal of its own)."""
+    return _owner_of(os.getpid())
+
+
+@atexit.register
+def _close_journals() -> None:
+    """At a normal exit, remove this process's journals that hold no open record."""
+    with _journals_lock:
+        for journal in _journals.values():
+            if journal.pid == os.getpid():
+                journal.close(remove=journal.open == 0)
+        _journals.clear()
+
+
+def record(ledger: Path, pid: int, what: str, deadline_s: float) -> LedgerEntry | None:
+    """Record the group led by ``pid`` in this process's journal in ``ledger``, with its
+    deadline (``deadline_s``, epoch seconds) and ``what`` (the command, cut to 200 characters).
 
     Returns:
-        The entry's path, or None when it could not be written (the command still runs).
+        The entry for `release`, or None when it could not be written (the command still runs).
     """
     ticks = start_ticks(pid)
     if ticks is None:
         return None
-    entry = ledger / f"{pid}.json"
-    what = what[:200]
-    while True:  # an astral character is 12 bytes as JSON: cut until the entry fits its size
-        data = json.dumps({"pgid": pid, "start_ticks": ticks, "what": what,
-                           "deadline_s": deadline_s}).encode()
-        if len(data) <= ENTRY_BYTES:
-            break
-        what = what[:len(what) // 2]
-    data = data.ljust(ENTRY_BYTES)
-    spare = _spare(ledger)
-    try:
-        fd = os.open(spare, os.O_WRONLY)  # no O_CREAT: only a file this thread released
-        try:
-            written = 0
-            while written < len(data):
-                written += os.pwrite(fd, data[written:], written)
-        finally:
-            os.close(fd)
-        os.replace(spare, entry)
-        return entry
-    except OSError:  # no spare, or it went away meanwhile: write a new file instead
-        pass
-    try:
-        ledger.mkdir(parents=True, exist_ok=True)
-        partial = entry.with_suffix(".tmp")
-        partial.write_bytes(data)
-        os.replace(partial, entry)
-    except OSError:
-        return None
-    return entry
+    journal = _journal(ledger)
+    line = f"\n+ {pid} {ticks} {deadline_s!r} {json.dumps(what[:200])} .".encode()
+    return LedgerEntry(journal, pid, ticks) if journal.append(line, +1) else None
 
 
-def release(entry: Path | None) -> None:
-    """Take a ledger entry out of the ledger once its group is gone, keeping its file for this
-    thread's next `record` (a rename; readers look at ``*.json`` only). Idempotent."""
-    if entry is None:
-        return
-    try:
-        os.replace(entry, _spare(entry.parent))
-    except OSError:
-        forget(entry)
-
-
-def forget(entry: Path | None) -> None:
-    """Remove a ledger entry once its group is gone. Idempotent."""
+def release(entry: LedgerEntry | None) -> None:
+    """Take a recorded group out of the ledger once it is gone. A release that cannot be
+    written leaves the record open: `reap` then finds the group gone and only drops it."""
     if entry is not None:
-        with contextlib.suppress(OSError):
-            entry.unlink()
+        entry.journal.append(f"\n- {entry.pgid} {entry.ticks} .".encode(), -1)
+
+
+def forget(path: Path) -> None:
+    """Remove a ledger file (a journal, or an earlier ftl's entry). Idempotent."""
+    with contextlib.suppress(OSError):
+        path.unlink()
+
+
+def recorded(ledger: Path) -> list[dict]:
+    """The groups the journals in ``ledger`` hold open: ``[{"pgid", "start_ticks", "what",
+    "deadline_s", "journal": Path}]``, in the order they were recorded per journal. Lines that
+    are not whole (a cut write) are skipped, and so are the ``*.json`` entries of an earlier
+    ftl (one file per group; see `reap`)."""
+    found: list[dict] = []
+    try:
+        journals = sorted(ledger.glob("*.log"))
+    except OSError:
+        return found
+    for path in journals:
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        held: dict[tuple[int, int], dict] = {}
+        for line in data.split(b"\n"):
+            parsed = _parse(line)
+            if parsed is None:
+                continue
+            key = (parsed["pgid"], parsed["start_ticks"])
+            if parsed.pop("open"):
+                held[key] = {**parsed, "journal": path}
+            else:
+                held.pop(key, None)
+        found.extend(held.values())
+    return found
+
+
+def _parse(line: bytes) -> dict | None:
+    """One whole journal line as ``{"open", "pgid", "start_ticks"[, "deadline_s", "what"]}``,
+    or None."""
+    if not line.endswith(b" .") or len(line) < 7:
+        return None
+    try:
+        kind, pgid, ticks, rest = (line[:-2].split(b" ", 3) + [b""])[:4]
+        if kind == b"-" and not rest:
+            return {"open": False, "pgid": int(pgid), "start_ticks": int(ticks)}
+        if kind == b"+":
+            deadline, what = rest.split(b" ", 1)
+            return {"open": True, "pgid": int(pgid), "start_ticks": int(ticks),
+                    "deadline_s": float(deadline), "what": str(json.loads(what))}
+    except (ValueError, TypeError):
+        pass
+    return None
+
+
+def _legacy_entries(ledger: Path) -> list[dict]:
+    """The ``<pid>.json`` entries an earlier ftl wrote, one file per group (read once, by the
+    resume after an upgrade); its released ``spare-*`` files are dropped."""
+    found = []
+    for spare in ledger.glob("spare-*"):
+        forget(spare)
+    for path in sorted(ledger.glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            found.append({"pgid": int(data["pgid"]), "start_ticks": int(data["start_ticks"]),
+                          "what": str(data.get("what", "")),
+                          "deadline_s": float(data.get("deadline_s") or 0), "journal": path})
+        except (OSError, ValueError, KeyError, TypeError):
+            forget(path)  # unreadable: nothing can be matched against it
+    return found
 
 
 def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
          on_wait: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """End every group recorded in ``ledger`` and empty it.
+    """End every group the other processes' journals in ``ledger`` hold open, and remove those
+    journals (this process's own records are its running commands: `run_command` reaps them).
 
     Args:
         wait: let each group run to its end, up to its deadline, before killing (SIGKILL) what
@@ -169,39 +307,36 @@ def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
     """
     if not ledger.is_dir():
         return []
-    mine = f"{_SPARE_PREFIX}{os.getpid()}-"
-    for spare in ledger.glob(f"{_SPARE_PREFIX}*"):  # released entries of processes gone (or others')
-        if not spare.name.startswith(mine):
-            forget(spare)
-    entries = []
-    for path in sorted(ledger.glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            entries.append((path, int(data["pgid"]), int(data["start_ticks"]),
-                            str(data.get("what", "")), float(data.get("deadline_s") or 0)))
-        except (OSError, ValueError, KeyError, TypeError):
-            forget(path)  # unreadable: nothing can be matched against it
-    live = [(path, pgid, ticks, what, deadline) for path, pgid, ticks, what, deadline in entries
-            if _members(pgid, ticks)]
-    for path, *_ in entries:
-        if all(path != item[0] for item in live):
-            forget(path)
+    mine = ledger / f"{_owner()}.log"
+    entries = [entry for entry in recorded(ledger) if entry["journal"] != mine]
+    entries += _legacy_entries(ledger)
+    done = {path for path in ledger.glob("*.log") if path != mine}
+    live = [entry for entry in entries if _members(entry["pgid"], entry["start_ticks"])]
+    for entry in entries:
+        if entry["journal"].suffix == ".json" and entry not in live:
+            forget(entry["journal"])
     if not live:
+        for path in done:
+            forget(path)
         return []
     if on_wait is not None and wait:
-        on_wait([{"pgid": pgid, "what": what, "deadline_s": deadline}
-                 for _, pgid, _, what, deadline in live])
+        on_wait([{"pgid": entry["pgid"], "what": entry["what"], "deadline_s": entry["deadline_s"]}
+                 for entry in live])
     started = time.monotonic()
     reaped = []
-    for path, pgid, ticks, what, deadline in live:
-        while wait and time.time() < deadline and _members(pgid, ticks):
+    for entry in live:
+        pgid, ticks = entry["pgid"], entry["start_ticks"]
+        while wait and time.time() < entry["deadline_s"] and _members(pgid, ticks):
             time.sleep(poll_s)
         alive = _members(pgid, ticks)
         for pid in alive:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
-        reaped.append({"pgid": pgid, "what": what, "finished": not alive, "killed": alive,
-                       "waited_ms": int((time.monotonic() - started) * 1000)})
+        reaped.append({"pgid": pgid, "what": entry["what"], "finished": not alive,
+                       "killed": alive, "waited_ms": int((time.monotonic() - started) * 1000)})
+        if entry["journal"].suffix == ".json":
+            forget(entry["journal"])
+    for path in done:
         forget(path)
     return reaped
 

@@ -1,10 +1,9 @@
-"""The ledger of running process groups (`ftl.processes`): entries are whole JSON files named
-``<pid>.json``; a released entry's file is kept under a spare name for its thread's next command
-(rewritten in place instead of created), and readers never take a spare for an entry."""
+"""The ledger of running process groups (`ftl.processes`): one append-only journal per ftl
+process, ``.ftl/procs/<pid>-<ticks>.log``; a record and its release are lines, never files, and
+readers count only whole lines."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,7 +11,10 @@ import threading
 import time
 from pathlib import Path
 
-from ftl.processes import ENTRY_BYTES, reap, record, release
+import pytest
+
+from ftl import processes
+from ftl.processes import reap, record, recorded, release
 from ftl.server.tools.proc import run_command
 
 
@@ -20,127 +22,181 @@ def _sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
 
 
-def test_a_released_entry_is_rewritten_in_place_for_the_next_command(tmp_path: Path) -> None:
+def _stop(*procs: subprocess.Popen) -> None:
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_record_and_its_release_are_two_lines_of_one_journal(tmp_path: Path) -> None:
     ledger = tmp_path / "procs"
     first, second = _sleeper(), _sleeper()
     try:
-        entry = record(ledger, first.pid, "first " * 100, deadline_s=time.time() + 60)
-        assert entry == ledger / f"{first.pid}.json"
-        data = json.loads(entry.read_text())
-        assert data["pgid"] == first.pid and data["what"] == ("first " * 100)[:200]
-        assert entry.stat().st_size == ENTRY_BYTES
+        entry = record(ledger, first.pid, "first " * 100, deadline_s=1234.5)
+        (journal,) = ledger.iterdir()
+        assert journal.name == f"{os.getpid()}-{processes.start_ticks(os.getpid())}.log"
+        (held,) = recorded(ledger)
+        assert held["pgid"] == first.pid and held["what"] == ("first " * 100)[:200]
+        assert held["deadline_s"] == 1234.5 and held["start_ticks"] == processes.start_ticks(first.pid)
+        inode = journal.stat().st_ino
         release(entry)
-        assert not entry.exists()
-        spares = [path for path in ledger.iterdir()]
-        assert len(spares) == 1 and spares[0].name.startswith("spare-")
-        inode = spares[0].stat().st_ino
+        assert recorded(ledger) == []
 
         again = record(ledger, second.pid, "second", deadline_s=time.time() + 60)
-        assert again is not None and sorted(path.name for path in ledger.iterdir()) == [again.name]
-        assert again.stat().st_ino == inode  # the same file, renamed: no create, no .tmp
-        data = json.loads(again.read_text())  # the longer first record left nothing behind
-        assert data == {"pgid": second.pid, "start_ticks": data["start_ticks"], "what": "second",
-                        "deadline_s": data["deadline_s"]}
+        assert [path.name for path in ledger.iterdir()] == [journal.name]
+        assert journal.stat().st_ino == inode  # appended to: no file made per command
+        assert [held["what"] for held in recorded(ledger)] == ["second"]
         release(again)
+        lines = journal.read_bytes().split(b"\n")
+        assert lines[0] == b"" and all(line.endswith(b" .") for line in lines[1:])
+        assert [line[:1] for line in lines[1:]] == [b"+", b"-", b"+", b"-"]
     finally:
-        for proc in (first, second):
-            proc.kill()
-            proc.wait()
+        _stop(first, second)
 
 
-def test_threads_keep_their_own_spares(tmp_path: Path) -> None:
+def test_threads_share_the_journal_and_every_line_stays_whole(tmp_path: Path) -> None:
     ledger = tmp_path / "procs"
-    ledger.mkdir()
-    leaders = [_sleeper(), _sleeper()]
-    entries: list[Path | None] = []
+    leaders = [_sleeper() for _ in range(4)]
+    kept: list = []
     try:
         def one(proc: subprocess.Popen) -> None:
-            entry = record(ledger, proc.pid, "x", deadline_s=time.time() + 60)
-            release(entry)
-            entries.append(record(ledger, proc.pid, "y", deadline_s=time.time() + 60))
+            for number in range(50):
+                entry = record(ledger, proc.pid, f"x {number} \u00e9\u2603", deadline_s=time.time() + 60)
+                assert entry is not None
+                if number < 49:
+                    release(entry)
+                else:
+                    kept.append(entry)
 
         threads = [threading.Thread(target=one, args=(proc,)) for proc in leaders]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
-        assert sorted(path.name for path in ledger.iterdir()) == sorted(f"{p.pid}.json" for p in leaders)
-        assert all(json.loads(entry.read_text())["what"] == "y" for entry in entries if entry)
+        held = recorded(ledger)
+        assert sorted(h["pgid"] for h in held) == sorted(p.pid for p in leaders)
+        assert {h["what"] for h in held} == {"x 49 \u00e9\u2603"}
+        lines = next(ledger.iterdir()).read_bytes().split(b"\n")[1:]
+        assert len(lines) == 4 * 99 and all(line.endswith(b" .") for line in lines)
+        for entry in kept:
+            release(entry)
+        assert recorded(ledger) == []
     finally:
-        for proc in leaders:
-            proc.kill()
-            proc.wait()
+        _stop(*leaders)
 
 
-def test_reap_reads_no_spare_as_an_entry_and_drops_other_processes_spares(tmp_path: Path) -> None:
+def test_a_cut_line_is_skipped_without_swallowing_the_next(tmp_path: Path) -> None:
     ledger = tmp_path / "procs"
     ledger.mkdir()
-    # a spare left by a process that is gone, holding a live group's record: not an entry
+    other = ledger / "1-2.log"
+    other.write_bytes(b"\n+ 41 7 99.0 \"cut sho"  # a write a kill cut short
+                      b"\n+ 42 7 99.0 \"whole\" ."
+                      b"\n- 43 7"  # a release cut short: 43 stays open
+                      b"\n+ 43 8 99.0 \"open\" ."
+                      b"\n+ 44 9 bad \"x\" ."  # not a number
+                      b"\n+ 45 9 99.0 \"")
+    assert [(h["pgid"], h["what"]) for h in recorded(ledger)] == [(42, "whole"), (43, "open")]
+
+
+def test_reap_ends_other_processes_groups_and_removes_their_journals(tmp_path: Path) -> None:
+    ledger = tmp_path / "procs"
+    live, mine = _sleeper(), _sleeper()
+    try:
+        ticks = processes.start_ticks(live.pid)
+        own = record(ledger, mine.pid, "mine", deadline_s=time.time() + 60)
+        other = ledger / "1-2.log"  # a crashed ftl's journal
+        other.write_bytes(f"\n+ {live.pid} {ticks} {time.time() + 60!r} \"left behind\" .".encode())
+        gone = ledger / "3-4.log"
+        gone.write_bytes(b"\n+ 999999 5 1.0 \"long gone\" .")
+        reaped = reap(ledger, wait=False)
+        assert [(r["pgid"], r["what"], r["finished"]) for r in reaped] == [(live.pid, "left behind", False)]
+        assert live.wait(timeout=5) == -9
+        assert mine.poll() is None  # this process's own command is its own to reap
+        assert sorted(path.name for path in ledger.iterdir()) == [own.journal.path.name]
+        release(own)
+    finally:
+        _stop(live, mine)
+
+
+def test_reap_reads_an_earlier_ftls_json_entries(tmp_path: Path) -> None:
+    ledger = tmp_path / "procs"
+    ledger.mkdir()
     live = _sleeper()
     try:
-        stale = ledger / "spare-1-2"
-        stale.write_text(json.dumps({"pgid": live.pid, "start_ticks": 0, "what": "old"}))
-        result = run_command(["sleep", "0.1"], cwd=tmp_path, timeout_s=10, ledger=ledger)
-        assert result.ok
-        mine = [path.name for path in ledger.iterdir() if path != stale]
-        assert len(mine) == 1 and mine[0].startswith(f"spare-{os.getpid()}-")
-        assert reap(ledger, wait=False) == []
-        assert live.poll() is None  # never taken for a recorded group
-        assert [path.name for path in ledger.iterdir()] == mine
+        (ledger / f"{live.pid}.json").write_text(
+            f'{{"pgid": {live.pid}, "start_ticks": {processes.start_ticks(live.pid)}, '
+            f'"what": "old ftl", "deadline_s": {time.time() + 60}}}')
+        (ledger / "spare-1-2").write_text("{}")
+        (ledger / "9.json").write_text("not json")
+        reaped = reap(ledger, wait=False)
+        assert [(r["pgid"], r["what"]) for r in reaped] == [(live.pid, "old ftl")]
+        assert list(ledger.iterdir()) == []
     finally:
-        live.kill()
-        live.wait()
+        _stop(live)
 
 
-def test_run_command_records_its_group_while_it_runs(tmp_path: Path) -> None:
+def test_a_journal_with_nothing_open_is_emptied_past_its_size(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(processes, "COMPACT_BYTES", 200)
     ledger = tmp_path / "procs"
-    seen: list[list[str]] = []
-
-    def look(line: bytes) -> None:
-        seen.append(sorted(path.name for path in ledger.glob("*.json")))
-
-    for _ in range(2):  # the second command reuses the first one's file
-        result = run_command(["sh", "-c", "sleep 0.2; echo $$"], cwd=tmp_path, timeout_s=10, ledger=ledger,
-                             on_stdout_line=look)
-        assert result.ok
-        assert seen[-1] == [f"{result.stdout.strip()}.json"]
-        assert not list(ledger.glob("*.json"))
-
-
-def test_an_entry_always_fits_its_size_so_a_rewrite_leaves_no_tail(tmp_path: Path) -> None:
-    ledger = tmp_path / "procs"
-    leader = _sleeper()
+    long, short = _sleeper(), _sleeper()
     try:
-        wide = "\U0001f600" * 300  # 12 bytes each as JSON: 200 of them would not fit
-        entry = record(ledger, leader.pid, wide, deadline_s=time.time() + 60)
-        assert entry is not None and entry.stat().st_size == ENTRY_BYTES
-        kept = json.loads(entry.read_text())["what"]
-        assert kept and wide.startswith(kept)
-        release(entry)
-        again = record(ledger, leader.pid, "short", deadline_s=time.time() + 60)
-        assert json.loads(again.read_text())["what"] == "short"
+        outer = record(ledger, long.pid, "outer", deadline_s=time.time() + 60)
+        journal = outer.journal.path
+        for _ in range(5):  # past the size, but "outer" is open: nothing is dropped
+            release(record(ledger, short.pid, "inner", deadline_s=time.time() + 60))
+        assert journal.stat().st_size > 200
+        assert [h["what"] for h in recorded(ledger)] == ["outer"]
+        release(outer)
+        assert journal.stat().st_size == 0 and recorded(ledger) == []
+        release(record(ledger, short.pid, "next", deadline_s=time.time() + 60))
+        assert journal.read_bytes().count(b"\n") == 2
     finally:
-        leader.kill()
-        leader.wait()
+        _stop(long, short)
 
 
-def test_a_spare_that_vanishes_before_its_rename_falls_back_to_a_new_file(tmp_path: Path, monkeypatch) -> None:
-    import ftl.processes as processes
-
+def test_a_journal_removed_under_its_writer_is_made_again(tmp_path: Path) -> None:
     ledger = tmp_path / "procs"
     leader = _sleeper()
     try:
         release(record(ledger, leader.pid, "first", deadline_s=time.time() + 60))
-        real_replace = os.replace
-
-        def spare_gone(source, target):  # another process's reap removed the spare meanwhile
-            if Path(source).name.startswith("spare-"):
-                os.unlink(source)
-            return real_replace(source, target)
-
-        monkeypatch.setattr(processes.os, "replace", spare_gone)
+        (journal,) = ledger.iterdir()
+        journal.unlink()  # another process's reap took it
         entry = record(ledger, leader.pid, "second", deadline_s=time.time() + 60)
-        assert entry is not None and json.loads(entry.read_text())["what"] == "second"
+        assert [h["what"] for h in recorded(ledger)] == ["second"]
+        release(entry)
     finally:
-        leader.kill()
-        leader.wait()
+        _stop(leader)
+
+
+def test_a_record_that_cannot_be_written_leaves_the_command_running_unrecorded(tmp_path: Path) -> None:
+    blocker = tmp_path / "procs"
+    blocker.write_text("a file where the ledger folder should be")
+    result = run_command("echo ran", cwd=tmp_path, timeout_s=10, ledger=blocker)
+    assert result.ok and result.stdout == "ran\n"
+
+
+def test_run_command_records_its_group_while_it_runs(tmp_path: Path) -> None:
+    ledger = tmp_path / "procs"
+    seen: list[list[int]] = []
+
+    def look(line: bytes) -> None:
+        seen.append([h["pgid"] for h in recorded(ledger)])
+
+    result = run_command("echo $$; sleep 0.1", cwd=tmp_path, timeout_s=10, ledger=ledger,
+                         on_stdout_line=look)
+    assert result.ok
+    assert seen[-1] == [int(result.stdout.strip())]
+    assert recorded(ledger) == []
+
+
+@pytest.mark.parametrize("count", [6])
+def test_idle_journals_past_the_few_kept_open_are_closed_and_removed(tmp_path: Path, count: int) -> None:
+    leader = _sleeper()
+    try:
+        ledgers = [tmp_path / f"repo{n}" / "procs" for n in range(count)]
+        for ledger in ledgers:
+            release(record(ledger, leader.pid, "x", deadline_s=time.time() + 60))
+        left = [ledger for ledger in ledgers if ledger.exists() and any(ledger.iterdir())]
+        assert len(left) <= processes._KEEP_OPEN and ledgers[-1] in left
+    finally:
+        _stop(leader)

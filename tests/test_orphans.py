@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from ftl.events import read_events
+from ftl.processes import recorded
 from ftl.postmortem.replay import replay
 
 FTL = [sys.executable, "-m", "ftl"]
@@ -102,7 +103,7 @@ def _resume(repo: Path, release: Path | None = None) -> tuple[dict, list[dict]]:
     data = json.loads(out)["data"]
     logs = sorted((repo / ".ftl" / "events").glob("*.jsonl"))
     assert replay(logs).violations == []
-    assert not list((repo / ".ftl" / "procs").glob("*.json"))
+    assert recorded(repo / ".ftl" / "procs") == []
     return data, [e for log in logs for e in read_events(log)]
 
 

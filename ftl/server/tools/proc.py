@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping, Sequence
 
 from ftl.errors import FtlError
-from ftl.processes import parent_death_setup, pid_stat, record, release
+from ftl.processes import LedgerEntry, parent_death_setup, pid_stat, record, release
 
 __all__ = ["CommandResult", "run_command", "git_status", "snapshot_tree", "changed_paths",
            "SKIP_DIRS", "EXIT_NOT_FOUND", "EXIT_NOT_EXECUTABLE"]
@@ -237,12 +237,14 @@ def _window(pgid: int, before: tuple[int, int] | None) -> tuple[Callable[[int], 
     return window, span
 
 
-def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int] | None:
+def _group_members(pgid: int, before: tuple[int, int] | None = None,
+                   leader_exited: bool = False) -> list[int] | None:
     """Live (non-zombie) pids in process group ``pgid``, from /proc; None if /proc is unreadable.
 
     ``before``: `pid_counters` taken before the group's leader started; then only the pids
     allocated since are read (`pid_window`), not every process of the machine (a /proc/<pid>/stat
     read each, about 7 ms per command on a machine with 150 processes; issue 11 item 3).
+    ``leader_exited``: the leader (pid ``pgid``) is known to be a zombie, not read.
     """
     window, span = _window(pgid, before)
     if span is not None:  # a few pids since the leader: read just those
@@ -257,6 +259,8 @@ def _group_members(pgid: int, before: tuple[int, int] | None = None) -> list[int
         if not entry.isdigit() or (window is not None and not window(int(entry))):
             continue
         pid = int(entry)
+        if leader_exited and pid == pgid:
+            continue
         try:  # one syscall (~1 us) rules out most pids before a /proc read (~30 us)
             if os.getpgid(pid) != pgid:
                 continue
@@ -278,10 +282,11 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 
 def _stop_group(pgid: int, grace_s: float, sleep: Callable[[float], None] = time.sleep,
-                before: tuple[int, int] | None = None) -> None:
+                before: tuple[int, int] | None = None, leader_exited: bool = False) -> None:
     """SIGTERM the group, wait up to ``grace_s`` for it to empty, then SIGKILL what is left.
-    ``before``: `pid_counters` taken before the leader started (see `_group_members`)."""
-    members = _group_members(pgid, before)
+    ``before``: `pid_counters` taken before the leader started (see `_group_members`);
+    ``leader_exited``: the leader is a zombie (exited, not reaped yet), known to the caller."""
+    members = _group_members(pgid, before, leader_exited)
     if members == []:
         return
     _signal_group(pgid, signal.SIGTERM)
@@ -454,7 +459,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             del partial_line[:newline + 1]
             on_stdout_line(line)
 
-    entry: Path | None = None
+    entry: LedgerEntry | None = None
     exit_fd: int | None = None
     try:  # from here on, whatever is raised, the finally closes and reaps what was made
         if ledger is not None:
@@ -506,7 +511,8 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
 
         deadline = started + timeout_s
         idle_s = 0.001  # once the pipes are closed, poll for the exit with a growing interval
-        while not _exited(proc.pid):
+        leader_exited = False
+        while not (leader_exited := _exited(proc.pid)):
             if cancel is not None and cancel.is_set():
                 cancelled = True
                 break
@@ -526,7 +532,7 @@ def run_command(command: str | Sequence[str], *, cwd: Path, timeout_s: float,
             selector.unregister(exit_fd)
             os.close(exit_fd)
             exit_fd = None
-        _stop_group(proc.pid, grace_s, before=counters)
+        _stop_group(proc.pid, grace_s, before=counters, leader_exited=leader_exited)
         drain_until = time.monotonic() + _DRAIN_LIMIT_S
         while reading() and time.monotonic() < drain_until:
             pump(_POLL_S)
