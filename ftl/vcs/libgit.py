@@ -79,11 +79,58 @@ def _supported(repo: Any) -> bool:
     return _configuration(repo) is not None
 
 
+def _config_files(repo: Any) -> tuple[str, ...]:
+    """The files libgit2 reads ``repo``'s configuration from: the repository's own (in the
+    common git directory, for a linked worktree) and the system, XDG and global ones of
+    libgit2's search path (read when the repository is opened: its configuration object keeps
+    the files it was loaded from)."""
+    gitdir = repo.path
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
+            common = os.path.join(gitdir, handle.read().strip())
+    except OSError:
+        common = gitdir
+    return (os.path.join(common, "config"), *_outer_config_files())
+
+
+def _outer_config_files() -> tuple[str, ...]:
+    from pygit2.enums import ConfigLevel
+
+    files = []
+    for level, name in (("SYSTEM", "gitconfig"), ("XDG", "config"), ("GLOBAL", ".gitconfig"),
+                        ("PROGRAMDATA", "config")):
+        try:
+            folders = pygit2.settings.search_path[getattr(ConfigLevel, level)] or ""
+        except (AttributeError, ValueError, pygit2.GitError):
+            continue
+        files += [os.path.join(folder, name) for folder in folders.split(os.pathsep) if folder]
+    return tuple(files)
+
+
+def _stamp(files: tuple[str, ...]) -> tuple[Any, ...]:
+    """Inode, size and mtime (ns) of each of ``files`` (None where there is none)."""
+    found: list[Any] = []
+    for name in files:
+        try:
+            stat = os.stat(name)
+        except OSError:
+            found.append(None)
+            continue
+        found.append((stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    return tuple(found)
+
+
 def _configuration(repo: Any) -> int | None:
     """A digest of ``repo``'s configuration entries, or None when they ask for something
     libgit2 lacks (module docstring). libgit2 re-reads a configuration file that changed on disk
     before it lists the entries; a kept repository object does not re-read all of what it
     derived from them (``core.excludesFile``), so a changed digest means opening it again."""
+    entries = _config_entries(repo)
+    return None if entries is None else hash(tuple(entries))
+
+
+def _config_entries(repo: Any) -> list[tuple[str, Any]] | None:
+    """``repo``'s configuration as ``[(lower-case name, value)]``, or None (`_configuration`)."""
     entries = []
     for entry in repo.config:
         name = entry.name.lower()
@@ -91,11 +138,12 @@ def _configuration(repo: Any) -> int | None:
                 "false", "0", "", None)):
             return None
         entries.append((name, entry.value))
-    return hash(tuple(entries))
+    return entries
 
 
 # Repositories kept for `status`, per thread (libgit2 objects must not be used by two threads at
-# once): str(path) -> (repository, identity, prefix of ``path`` in its work tree). Opening one
+# once): str(path) -> [repository, identity, prefix of ``path`` in its work tree, the
+# configuration's files (none when it includes others), their `_stamp`]. Opening one
 # costs more than the status question on a small repository (0.15-0.3 ms against 0.05-0.1 ms,
 # twice per task in a shared checkout). Reuse is safe for this read-only question: libgit2
 # re-reads the index and the refs when they change on disk, and the identity (the inodes of
@@ -114,15 +162,23 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
     """`_open` for `status`: ``(repository, prefix of path in its work tree with a trailing
     "/", or "")``, reusing this thread's repository object for ``path`` while it is the same
     checkout; None when libgit2 should not be used."""
-    kept: dict[str, tuple[Any, tuple[int, ...], str]] = _kept.__dict__.setdefault("repos", {})
+    kept: dict[str, list[Any]] = _kept.__dict__.setdefault("repos", {})
     key = str(path)
     entry = kept.pop(key, None)
     if entry is not None:
-        repo, identity, prefix = entry
+        repo, identity, prefix, files, stamp = entry
         try:
-            if _identity(path, repo) + (_configuration(repo),) == identity:
-                kept[key] = entry  # the most recently used last
-                return repo, prefix
+            if _identity(path, repo) == identity[:-1]:
+                # The configuration's files unchanged: its digest is too (a stat each, where
+                # listing the entries costs 50-80 us). With includes, always the digest.
+                now = _stamp(files) if files else None
+                if now is not None and now == stamp:
+                    kept[key] = entry  # the most recently used last
+                    return repo, prefix
+                if _configuration(repo) == identity[-1]:
+                    entry[4] = now
+                    kept[key] = entry
+                    return repo, prefix
         except (pygit2.GitError, KeyError, ValueError, OSError):
             pass
     repo = _open(path)
@@ -130,11 +186,16 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
         return None
     try:
         prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
-        identity = _identity(path, repo) + (_configuration(repo),)
+        files = _config_files(repo)
+        stamp = _stamp(files)  # before the listing: a change in between is seen next time
+        entries = _config_entries(repo)
+        identity = _identity(path, repo) + (None if entries is None else hash(tuple(entries)),)
     except (pygit2.GitError, KeyError, ValueError, OSError):
         return None
+    if entries is None or any(name.startswith("include") for name, _ in entries):
+        files = ()  # included files are not stamped: every look lists the entries
     prefix = "" if prefix == "." else prefix + "/"
-    kept[key] = (repo, identity, prefix)
+    kept[key] = [repo, identity, prefix, files, stamp]
     while len(kept) > _KEPT_PER_THREAD:
         kept.pop(next(iter(kept)))
     return repo, prefix

@@ -352,6 +352,39 @@ def test_status_from_a_kept_repository_follows_a_new_excludes_file(tmp_path: Pat
     assert libgit.status(root) == cli_status(root) == {}
 
 
+def test_a_kept_repository_sees_each_configuration_file_change(tmp_path: Path) -> None:
+    """The kept object's configuration is looked at by its files' stamps (inode, size, mtime):
+    a filter added to the repository's configuration in place (same inode), to the global one,
+    or to a file the configuration includes (never stamped: always listed) makes libgit2 step
+    aside at the next call."""
+    filtered = "[filter \"lfs\"]\n\tclean = git-lfs clean -- %f\n"
+    root = tmp_path / "r"
+    make_repo(root)
+    (root / "new.txt").write_text("new\n")
+    config = root / ".git" / "config"
+    assert libgit.status(root) == {"new.txt": "??"}
+    with open(config, "a", encoding="utf-8") as handle:  # in place: the inode stays
+        handle.write(filtered)
+    assert libgit.status(root) is None
+    git(root, "config", "--remove-section", "filter.lfs")
+    assert libgit.status(root) == {"new.txt": "??"}
+
+    global_config = Path(pygit2.settings.search_path[ConfigLevel.GLOBAL]) / ".gitconfig"
+    try:
+        global_config.write_text(filtered)
+        assert libgit.status(root) is None
+    finally:
+        global_config.unlink()
+    assert libgit.status(root) == {"new.txt": "??"}
+
+    included = root / ".git" / "extra.cfg"
+    included.write_text("")
+    git(root, "config", "include.path", "extra.cfg")
+    assert libgit.status(root) == {"new.txt": "??"}
+    included.write_text(filtered)
+    assert libgit.status(root) is None
+
+
 def test_status_of_the_cases_by_name(tmp_path: Path) -> None:
     """The operations the differential test draws from, each once, with git's answer spelled out."""
     root = tmp_path / "r"
