@@ -33,6 +33,8 @@ def repo(tmp_path: Path) -> Path:
     ("in-link", "sub"),                 # a symlink that stays inside: where it points
     ("sub/../.ftl/worktrees/001-a", ".ftl/worktrees/001-a"),
     ("./sub", "sub"),
+    ("sub/", "sub"),                    # an empty part: resolved whole, same folder
+    (".ftl//worktrees/001-a", ".ftl/worktrees/001-a"),
 ])
 def test_a_workdir_inside_the_repository_is_its_resolved_folder(repo: Path, via_link: bool,
                                                                 workdir: str, expected: str) -> None:

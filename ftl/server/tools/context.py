@@ -55,12 +55,17 @@ def resolve_workdir(ctx: ToolContext, workdir: str | None, where: str) -> Path:
     """
     if not workdir:
         return ctx.repo
-    relative = Path(workdir)
     root = _resolved(ctx.repo)
-    # a "..", a "." or a symlink on the way: resolved whole
-    target = None if relative.is_absolute() else (_below(root, relative.parts)
-                                                  or (root / relative).resolve())
-    if target is None or not target.is_relative_to(root) or not target.is_dir():
+    target: Path | None = None
+    if not os.path.isabs(workdir):
+        below = _below(str(root).rstrip("/"), workdir)
+        if below is not None:  # inside by construction
+            target = Path(below) if os.path.isdir(below) else None
+        else:  # a "..", a "." or a symlink on the way: resolved whole
+            target = (root / workdir).resolve()
+            if not target.is_relative_to(root) or not target.is_dir():
+                target = None
+    if target is None:
         raise FtlError("workspace_invalid", {"seq": "?", "issues": [
             f"{where} must name an existing folder inside the repository"]})
     return target
@@ -72,15 +77,16 @@ def _resolved(repo: Path) -> Path:
     return repo.resolve()
 
 
-def _below(root: Path, parts: tuple[str, ...]) -> Path | None:
-    """``root`` joined with ``parts`` when that already is the resolved path: no part is ``..``
-    or ``.`` and none is a symlink (one ``lstat`` each, where resolving from ``/`` takes one per
-    part of the whole path); None otherwise."""
+def _below(root: str, relative: str) -> str | None:
+    """``root`` joined with ``relative`` when that already is the resolved path: no part is
+    ``..``, ``.`` or empty and none is a symlink (one ``lstat`` each, where resolving from ``/``
+    takes one per part of the whole path; strings, not `Path` joins: a worktree's four parts
+    cost 15 us instead of 70); None otherwise."""
     path = root
-    for part in parts:
-        if part in ("..", "."):
+    for part in relative.split("/"):
+        if part in ("..", ".", ""):
             return None
-        path = path / part
+        path = f"{path}/{part}"
         if os.path.islink(path):
             return None
     return path
