@@ -194,9 +194,7 @@ def _build_and_verify(run: Run, task: Any, workspace: Any, spec: dict[str, Any],
         others = exclude
 
         def build_try(number: int) -> dict[str, Any]:
-            # Before the first try nothing can have written the marker: the store holds each
-            # (workspace, attempt) once (`record_workspace`), and each round has its own marker.
-            if number > 1 and checkpoint is not None and checkpoints.written(checkpoint):
+            if checkpoint is not None and checkpoints.written(checkpoint):
                 # An earlier try's command completed; only its reply was lost. Never run it twice.
                 run.recovery.recovery(strategy="reuse_build", success=True, state=run.machine_state,
                                       task_seq=seq, attempt=number)
