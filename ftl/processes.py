@@ -16,13 +16,14 @@ Two defences against orphans (issue "crash safety", item 3), Linux only:
   repeated. The leader's start time tells our group from a later one that reused the number.
 
 The ledger is a folder of journals, ``.ftl/procs/<pid>-<start ticks>.log``, one per ftl
-process, appended to and never rewritten: a record is the line ``+ <pgid> <ticks> <deadline>
+process, appended to: a record is the line ``+ <pgid> <ticks> <deadline>
 <what as JSON> .``, a release ``- <pgid> <ticks> .``. An append costs a few us where creating,
 renaming or removing a file costs 0.1-0.3 ms (ext4 on the 2-core VM ftl is benchmarked on),
 and every build and verify command records and releases once (issue 11 item 3). A line counts
 only when it is whole (ends with `` .``); each append starts with its own newline, so a write
-cut short by a kill or a full disk is skipped by readers without swallowing the next line. A
-journal with nothing open is emptied once it passes `COMPACT_BYTES`.
+cut short by a kill or a full disk is skipped by readers without swallowing the next line. Past
+`COMPACT_BYTES` a journal starts again with only its open records. `reap` ends the groups of
+processes that are gone (and this one's), never those of another live process.
 
 A process that left its group (``setsid``) is out of reach of both; say so where it matters.
 """
@@ -48,7 +49,7 @@ __all__ = ["parent_death_setup", "record", "release", "recorded", "forget", "rea
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 LEDGER_DIR = Path(".ftl") / "procs"
 
-COMPACT_BYTES = 64 * 1024  # a journal with no open record is emptied past this size
+COMPACT_BYTES = 64 * 1024  # past this size a journal starts again with its open records only
 _KEEP_OPEN = 4  # journals (one per ledger folder) whose descriptor a process keeps
 
 
@@ -103,77 +104,110 @@ class LedgerEntry(NamedTuple):
 
 
 class _Journal:
-    """This process's journal in one ledger folder: an ``O_APPEND`` descriptor, the records
-    still open, and the bytes written (for `COMPACT_BYTES`). Thread-safe."""
+    """This process's journal in one ledger folder: an ``O_APPEND`` descriptor (closed while
+    idle past `_KEEP_OPEN`, opened again on the next append), the lines of the records still
+    open, and the bytes written (for `COMPACT_BYTES`). One object per folder and process, for
+    the life of the process; thread-safe."""
 
     def __init__(self, ledger: Path, owner: str) -> None:
         self.ledger = ledger
         self.path = ledger / f"{owner}.log"
         self.pid = os.getpid()
         self.lock = threading.Lock()
-        self.open = 0
+        self.held: dict[tuple[int, int], bytes] = {}  # (pgid, ticks) -> its record line
         self.fd: int | None = None
         self.size = 0
 
-    def append(self, line: bytes, opens: int) -> bool:
-        """Append ``line`` (one record or release); ``opens`` +1 / -1 / 0. False when it
-        could not be written (the caller's command runs unrecorded)."""
+    def append(self, key: tuple[int, int], line: bytes | None) -> bool:
+        """Record ``key`` with its ``line``, or release it (``line`` None). False when the
+        line could not be written (a record: the caller's command runs unrecorded)."""
         with self.lock:
             try:
                 fd = self._descriptor()
-                if opens < 0 and self.open <= 1 and self.size >= COMPACT_BYTES:
-                    os.ftruncate(fd, 0)  # this release closes the last open record
-                    self.size, self.open = 0, 0
-                    return True
-                written = 0
-                while written < len(line):
-                    written += os.write(fd, line[written:])
+                if line is None:
+                    self.held.pop(key, None)
+                    if self.size >= COMPACT_BYTES:
+                        self._compact(fd)
+                        return True
+                    line = b"\n- %d %d ." % key
+                self._write(fd, line)
             except OSError:
                 return False
-            self.size += len(line)
-            self.open = max(0, self.open + opens)
+            if line[1:2] == b"+":
+                self.held[key] = line
             return True
 
+    def _compact(self, fd: int) -> None:
+        """Start the journal again with only the records still open: emptied in place when
+        there are none, else replaced whole by a file that holds them (a rename: a kill at any
+        moment leaves the old journal or the new one, never a record lost)."""
+        if not self.held:
+            os.ftruncate(fd, 0)
+            self.size = 0
+            return
+        partial = self.path.with_suffix(".tmp")
+        data = b"".join(self.held.values())
+        new = os.open(partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            self.size = 0
+            self._write(new, data)
+            os.replace(partial, self.path)
+        except OSError:
+            os.close(new)
+            with contextlib.suppress(OSError):
+                os.unlink(partial)
+            raise
+        self.close()
+        self.fd = new
+
+    def _write(self, fd: int, data: bytes) -> None:
+        written = 0
+        while written < len(data):
+            written += os.write(fd, data[written:])
+        self.size += written
+
     def _descriptor(self) -> int:
-        """The journal's descriptor, opened again (and the journal made again) when a reap of
-        another process removed the file this one was writing to."""
+        """The journal's descriptor. A journal removed under this process (by hand, or by a
+        reap that could not see this process alive) is made again with the records still open."""
         if self.fd is not None and os.fstat(self.fd).st_nlink > 0:
             return self.fd
         self.close()
         self.ledger.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self.size, self.open = os.fstat(self.fd).st_size, 0
-        return self.fd
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self.fd, self.size = fd, os.fstat(fd).st_size
+        if self.size == 0 and self.held:
+            self._write(fd, b"".join(self.held.values()))
+        return fd
 
-    def close(self, remove: bool = False) -> None:
+    def close(self) -> None:
+        """Close the descriptor (the next append opens it again)."""
         if self.fd is not None:
             with contextlib.suppress(OSError):
                 os.close(self.fd)
             self.fd = None
-        if remove:
-            with contextlib.suppress(OSError):
-                self.path.unlink()
 
 
-_journals: "OrderedDict[Path, _Journal]" = OrderedDict()
+_journals: dict[Path, _Journal] = {}
+_recent: "OrderedDict[Path, None]" = OrderedDict()  # journals with a descriptor, most recent last
 _journals_lock = threading.Lock()
 
 
 def _journal(ledger: Path) -> _Journal:
-    """This process's journal in ``ledger``; the least recently used idle one past
-    `_KEEP_OPEN` is closed (a test suite makes a ledger per temporary repository)."""
+    """This process's journal in ``ledger``. Past `_KEEP_OPEN` journals used, the least
+    recently used one with nothing open closes its descriptor (a test suite makes a ledger
+    per temporary repository); the object itself stays, so there is one per folder."""
     with _journals_lock:
         journal = _journals.get(ledger)
-        if journal is not None and journal.pid == os.getpid():
-            _journals.move_to_end(ledger)
-            return journal
-        journal = _journals[ledger] = _Journal(ledger, _owner())
-        _journals.move_to_end(ledger)
-        for key, idle in list(_journals.items())[:-_KEEP_OPEN]:
-            if idle.open == 0 or idle.pid != os.getpid():
-                with idle.lock:
-                    idle.close(remove=idle.open == 0 and idle.pid == os.getpid())
-                del _journals[key]
+        if journal is None or journal.pid != os.getpid():  # new, or inherited through fork
+            journal = _journals[ledger] = _Journal(ledger, _owner())
+        _recent[ledger] = None
+        _recent.move_to_end(ledger)
+        for key in list(_recent)[:-_KEEP_OPEN]:
+            idle = _journals[key]
+            with idle.lock:
+                if not idle.held:
+                    idle.close()
+                    del _recent[key]
         return journal
 
 
@@ -188,14 +222,29 @@ def _owner() -> str:
     return _owner_of(os.getpid())
 
 
+def _owner_alive(path: Path) -> bool:
+    """Whether the process named by journal ``path`` (``<pid>-<ticks>.log``) still runs."""
+    pid, _, ticks = path.stem.partition("-")
+    try:
+        return start_ticks(int(pid)) == int(ticks)
+    except ValueError:
+        return False
+
+
 @atexit.register
 def _close_journals() -> None:
     """At a normal exit, remove this process's journals that hold no open record."""
     with _journals_lock:
         for journal in _journals.values():
-            if journal.pid == os.getpid():
-                journal.close(remove=journal.open == 0)
+            if journal.pid != os.getpid():
+                continue
+            with journal.lock:
+                journal.close()
+                if not journal.held:
+                    with contextlib.suppress(OSError):
+                        journal.path.unlink()
         _journals.clear()
+        _recent.clear()
 
 
 def record(ledger: Path, pid: int, what: str, deadline_s: float) -> LedgerEntry | None:
@@ -210,14 +259,14 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> LedgerEntry 
         return None
     journal = _journal(ledger)
     line = f"\n+ {pid} {ticks} {deadline_s!r} {json.dumps(what[:200])} .".encode()
-    return LedgerEntry(journal, pid, ticks) if journal.append(line, +1) else None
+    return LedgerEntry(journal, pid, ticks) if journal.append((pid, ticks), line) else None
 
 
 def release(entry: LedgerEntry | None) -> None:
     """Take a recorded group out of the ledger once it is gone. A release that cannot be
     written leaves the record open: `reap` then finds the group gone and only drops it."""
     if entry is not None:
-        entry.journal.append(f"\n- {entry.pgid} {entry.ticks} .".encode(), -1)
+        entry.journal.append((entry.pgid, entry.ticks), None)
 
 
 def forget(path: Path) -> None:
@@ -292,8 +341,10 @@ def _legacy_entries(ledger: Path) -> list[dict]:
 
 def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
          on_wait: Callable[[list[dict]], None] | None = None) -> list[dict]:
-    """End every group the other processes' journals in ``ledger`` hold open, and remove those
-    journals (this process's own records are its running commands: `run_command` reaps them).
+    """End every group recorded in ``ledger`` by a process that is gone (a crashed ftl), or by
+    this one (a command an abandoned drain left running), and remove the journals of the
+    processes that are gone. Another live process's records are its own running commands
+    (a server working on the same repository): left alone.
 
     Args:
         wait: let each group run to its end, up to its deadline, before killing (SIGKILL) what
@@ -308,9 +359,13 @@ def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
     if not ledger.is_dir():
         return []
     mine = ledger / f"{_owner()}.log"
-    entries = [entry for entry in recorded(ledger) if entry["journal"] != mine]
+    for partial in ledger.glob("*.tmp"):  # a compaction a kill cut short
+        if not _owner_alive(partial):
+            forget(partial)
+    gone = {path for path in ledger.glob("*.log") if path != mine and not _owner_alive(path)}
+    entries = [entry for entry in recorded(ledger) if entry["journal"] in gone or entry["journal"] == mine]
     entries += _legacy_entries(ledger)
-    done = {path for path in ledger.glob("*.log") if path != mine}
+    done = gone  # a process that is gone writes no more: its journal goes once its groups did
     live = [entry for entry in entries if _members(entry["pgid"], entry["start_ticks"])]
     for entry in entries:
         if entry["journal"].suffix == ".json" and entry not in live:

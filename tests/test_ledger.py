@@ -98,24 +98,31 @@ def test_a_cut_line_is_skipped_without_swallowing_the_next(tmp_path: Path) -> No
     assert [(h["pgid"], h["what"]) for h in recorded(ledger)] == [(42, "whole"), (43, "open")]
 
 
-def test_reap_ends_other_processes_groups_and_removes_their_journals(tmp_path: Path) -> None:
+def test_reap_ends_the_groups_of_processes_that_are_gone_and_its_own(tmp_path: Path) -> None:
+    """A crashed ftl's journal: its groups are ended and the journal removed. This process's
+    own open record (a command an abandoned drain left): ended, the journal kept. Another live
+    process's journal (a server on the same repository): left alone."""
     ledger = tmp_path / "procs"
-    live, mine = _sleeper(), _sleeper()
+    orphan, mine, theirs, owner = _sleeper(), _sleeper(), _sleeper(), _sleeper()
     try:
-        ticks = processes.start_ticks(live.pid)
         own = record(ledger, mine.pid, "mine", deadline_s=time.time() + 60)
-        other = ledger / "1-2.log"  # a crashed ftl's journal
-        other.write_bytes(f"\n+ {live.pid} {ticks} {time.time() + 60!r} \"left behind\" .".encode())
-        gone = ledger / "3-4.log"
+        crashed = ledger / "999999-5.log"  # no such process
+        crashed.write_bytes(f"\n+ {orphan.pid} {processes.start_ticks(orphan.pid)} "
+                            f"{time.time() + 60!r} \"left behind\" .".encode())
+        (ledger / "999999-6.tmp").write_bytes(b"a compaction cut short")
+        gone = ledger / "999998-5.log"
         gone.write_bytes(b"\n+ 999999 5 1.0 \"long gone\" .")
+        alive = ledger / f"{owner.pid}-{processes.start_ticks(owner.pid)}.log"
+        alive.write_bytes(f"\n+ {theirs.pid} {processes.start_ticks(theirs.pid)} "
+                          f"{time.time() + 60!r} \"theirs\" .".encode())
         reaped = reap(ledger, wait=False)
-        assert [(r["pgid"], r["what"], r["finished"]) for r in reaped] == [(live.pid, "left behind", False)]
-        assert live.wait(timeout=5) == -9
-        assert mine.poll() is None  # this process's own command is its own to reap
-        assert sorted(path.name for path in ledger.iterdir()) == [own.journal.path.name]
+        assert sorted((r["what"], r["finished"]) for r in reaped) == [("left behind", False), ("mine", False)]
+        assert orphan.wait(timeout=5) == -9 and mine.wait(timeout=5) == -9
+        assert theirs.poll() is None
+        assert sorted(path.name for path in ledger.iterdir()) == sorted([own.journal.path.name, alive.name])
         release(own)
     finally:
-        _stop(live, mine)
+        _stop(orphan, mine, theirs, owner)
 
 
 def test_reap_reads_an_earlier_ftls_json_entries(tmp_path: Path) -> None:
@@ -135,37 +142,44 @@ def test_reap_reads_an_earlier_ftls_json_entries(tmp_path: Path) -> None:
         _stop(live)
 
 
-def test_a_journal_with_nothing_open_is_emptied_past_its_size(tmp_path: Path, monkeypatch) -> None:
+def test_past_its_size_a_journal_starts_again_with_its_open_records(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(processes, "COMPACT_BYTES", 200)
     ledger = tmp_path / "procs"
     long, short = _sleeper(), _sleeper()
     try:
         outer = record(ledger, long.pid, "outer", deadline_s=time.time() + 60)
         journal = outer.journal.path
-        for _ in range(5):  # past the size, but "outer" is open: nothing is dropped
+        first = journal.stat().st_ino
+        for _ in range(5):  # past the size while "outer" is open: replaced by a file holding it
             release(record(ledger, short.pid, "inner", deadline_s=time.time() + 60))
-        assert journal.stat().st_size > 200
+        assert journal.stat().st_ino != first and not journal.with_suffix(".tmp").exists()
+        assert journal.stat().st_size < 200
+        assert [h["what"] for h in recorded(ledger)] == ["outer"]
+        for _ in range(5):
+            release(record(ledger, short.pid, "inner", deadline_s=time.time() + 60))
         assert [h["what"] for h in recorded(ledger)] == ["outer"]
         release(outer)
-        assert journal.stat().st_size == 0 and recorded(ledger) == []
-        release(record(ledger, short.pid, "next", deadline_s=time.time() + 60))
-        assert journal.read_bytes().count(b"\n") == 2
+        for _ in range(5):  # nothing open: emptied in place
+            release(record(ledger, short.pid, "inner", deadline_s=time.time() + 60))
+        assert recorded(ledger) == [] and journal.stat().st_size < 200
     finally:
         _stop(long, short)
 
 
-def test_a_journal_removed_under_its_writer_is_made_again(tmp_path: Path) -> None:
+def test_a_journal_removed_under_its_writer_is_made_again_with_its_open_records(tmp_path: Path) -> None:
     ledger = tmp_path / "procs"
-    leader = _sleeper()
+    first, second = _sleeper(), _sleeper()
     try:
-        release(record(ledger, leader.pid, "first", deadline_s=time.time() + 60))
+        held = record(ledger, first.pid, "first", deadline_s=time.time() + 60)
         (journal,) = ledger.iterdir()
-        journal.unlink()  # another process's reap took it
-        entry = record(ledger, leader.pid, "second", deadline_s=time.time() + 60)
-        assert [h["what"] for h in recorded(ledger)] == ["second"]
+        journal.unlink()  # by hand, or a reap that could not see this process alive
+        entry = record(ledger, second.pid, "second", deadline_s=time.time() + 60)
+        assert sorted(h["what"] for h in recorded(ledger)) == ["first", "second"]
         release(entry)
+        release(held)
+        assert recorded(ledger) == []
     finally:
-        _stop(leader)
+        _stop(first, second)
 
 
 def test_a_record_that_cannot_be_written_leaves_the_command_running_unrecorded(tmp_path: Path) -> None:
@@ -189,14 +203,20 @@ def test_run_command_records_its_group_while_it_runs(tmp_path: Path) -> None:
     assert recorded(ledger) == []
 
 
-@pytest.mark.parametrize("count", [6])
-def test_idle_journals_past_the_few_kept_open_are_closed_and_removed(tmp_path: Path, count: int) -> None:
-    leader = _sleeper()
+def test_past_the_few_kept_open_an_idle_journal_closes_its_descriptor_and_stays_one(tmp_path: Path) -> None:
+    leader, other = _sleeper(), _sleeper()
     try:
-        ledgers = [tmp_path / f"repo{n}" / "procs" for n in range(count)]
+        ledgers = [tmp_path / f"repo{n}" / "procs" for n in range(processes._KEEP_OPEN + 3)]
+        held = record(ledgers[0], other.pid, "held", deadline_s=time.time() + 60)
         for ledger in ledgers:
             release(record(ledger, leader.pid, "x", deadline_s=time.time() + 60))
-        left = [ledger for ledger in ledgers if ledger.exists() and any(ledger.iterdir())]
-        assert len(left) <= processes._KEEP_OPEN and ledgers[-1] in left
+        journals = [processes._journals[ledger] for ledger in ledgers]
+        assert journals[0].fd is not None  # it holds an open record
+        assert sum(j.fd is not None for j in journals) == processes._KEEP_OPEN + 1
+        again = record(ledgers[1], leader.pid, "y", deadline_s=time.time() + 60)
+        assert again.journal is journals[1] and journals[1].fd is not None
+        assert [h["what"] for h in recorded(ledgers[1])] == ["y"]
+        release(again)
+        release(held)
     finally:
-        _stop(leader)
+        _stop(leader, other)

@@ -185,9 +185,14 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
     if repo is None:
         return None
     try:
-        prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
         files = _config_files(repo)
-        stamp = _stamp(files)  # before the listing: a change in between is seen next time
+        stamp = _stamp(files)
+        # Opened again after the stamp: a change between the first load and the stamp would
+        # otherwise be in neither (rare: once per thread and checkout).
+        repo = _open(path)
+        if repo is None:
+            return None
+        prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
         entries = _config_entries(repo)
         identity = _identity(path, repo) + (None if entries is None else hash(tuple(entries)),)
     except (pygit2.GitError, KeyError, ValueError, OSError):
