@@ -139,26 +139,32 @@ class _Journal:
 
     def _compact(self, fd: int) -> None:
         """Start the journal again with only the records still open: emptied in place when
-        there are none, else replaced whole by a file that holds them (a rename: a kill at any
-        moment leaves the old journal or the new one, never a record lost)."""
+        there are none, else replaced whole by a file that holds them (`_rewrite`)."""
         if not self.held:
             os.ftruncate(fd, 0)
             self.size = 0
             return
+        self._rewrite()
+
+    def _rewrite(self) -> int:
+        """Replace the journal by a file holding just the open records, written under another
+        name first and renamed over it (a kill at any moment leaves the old journal or the new
+        one, never a record lost); hold it. Returns its descriptor. Raises OSError, leaving
+        the descriptor closed so that the next append tries again."""
         partial = self.path.with_suffix(".tmp")
-        data = b"".join(self.held.values())
+        self.close()
         new = os.open(partial, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             self.size = 0
-            self._write(new, data)
+            self._write(new, b"".join(self.held.values()))
             os.replace(partial, self.path)
         except OSError:
             os.close(new)
             with contextlib.suppress(OSError):
                 os.unlink(partial)
             raise
-        self.close()
         self.fd = new
+        return new
 
     def _write(self, fd: int, data: bytes) -> None:
         written = 0
@@ -168,15 +174,16 @@ class _Journal:
 
     def _descriptor(self) -> int:
         """The journal's descriptor. A journal removed under this process (by hand, or by a
-        reap that could not see this process alive) is made again with the records still open."""
+        reap that could not see this process alive) is made again with the records still
+        open; so is one whose last rewrite failed."""
         if self.fd is not None and os.fstat(self.fd).st_nlink > 0:
             return self.fd
         self.close()
         self.ledger.mkdir(parents=True, exist_ok=True)
+        if self.held:
+            return self._rewrite()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self.fd, self.size = fd, os.fstat(fd).st_size
-        if self.size == 0 and self.held:
-            self._write(fd, b"".join(self.held.values()))
         return fd
 
     def close(self) -> None:
@@ -193,22 +200,42 @@ _journals_lock = threading.Lock()
 
 
 def _journal(ledger: Path) -> _Journal:
-    """This process's journal in ``ledger``. Past `_KEEP_OPEN` journals used, the least
-    recently used one with nothing open closes its descriptor (a test suite makes a ledger
-    per temporary repository); the object itself stays, so there is one per folder."""
+    """This process's journal in ``ledger``: one object per folder for the life of the
+    process (a fork's child makes its own)."""
     with _journals_lock:
         journal = _journals.get(ledger)
-        if journal is None or journal.pid != os.getpid():  # new, or inherited through fork
+        if journal is None or journal.pid != os.getpid():
             journal = _journals[ledger] = _Journal(ledger, _owner())
-        _recent[ledger] = None
-        _recent.move_to_end(ledger)
+        return journal
+
+
+def _keep_open(journal: _Journal) -> None:
+    """After an append: ``journal`` is the most recently used; past `_KEEP_OPEN` journals
+    with a descriptor, the least recently used ones with nothing open close theirs (a test
+    suite makes a ledger per temporary repository). Called with no journal's lock held."""
+    with _journals_lock:
+        if journal.fd is not None:
+            _recent[journal.ledger] = None
+            _recent.move_to_end(journal.ledger)
         for key in list(_recent)[:-_KEEP_OPEN]:
-            idle = _journals[key]
+            idle = _journals.get(key)
+            if idle is None:
+                del _recent[key]
+                continue
             with idle.lock:
                 if not idle.held:
                     idle.close()
                     del _recent[key]
-        return journal
+
+
+def _after_fork_in_child() -> None:
+    """A child of a fork starts with no journal: the parent's locks may have been held at the
+    fork, and its records are the parent's."""
+    global _journals, _recent, _journals_lock
+    _journals, _recent, _journals_lock = {}, OrderedDict(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 @functools.cache
@@ -233,17 +260,15 @@ def _owner_alive(path: Path) -> bool:
 
 @atexit.register
 def _close_journals() -> None:
-    """At a normal exit, remove this process's journals that hold no open record."""
+    """At a normal exit, close this process's journals and remove those that hold no open
+    record. The objects stay: a daemon thread still running commands appends to the same one."""
     with _journals_lock:
         for journal in _journals.values():
-            if journal.pid != os.getpid():
-                continue
             with journal.lock:
                 journal.close()
                 if not journal.held:
                     with contextlib.suppress(OSError):
                         journal.path.unlink()
-        _journals.clear()
         _recent.clear()
 
 
@@ -259,14 +284,17 @@ def record(ledger: Path, pid: int, what: str, deadline_s: float) -> LedgerEntry 
         return None
     journal = _journal(ledger)
     line = f"\n+ {pid} {ticks} {deadline_s!r} {json.dumps(what[:200])} .".encode()
-    return LedgerEntry(journal, pid, ticks) if journal.append((pid, ticks), line) else None
+    written = journal.append((pid, ticks), line)
+    _keep_open(journal)
+    return LedgerEntry(journal, pid, ticks) if written else None
 
 
 def release(entry: LedgerEntry | None) -> None:
     """Take a recorded group out of the ledger once it is gone. A release that cannot be
     written leaves the record open: `reap` then finds the group gone and only drops it."""
-    if entry is not None:
+    if entry is not None and entry.journal.pid == os.getpid():  # not a fork's inherited entry
         entry.journal.append((entry.pgid, entry.ticks), None)
+        _keep_open(entry.journal)
 
 
 def forget(path: Path) -> None:
@@ -344,7 +372,8 @@ def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
     """End every group recorded in ``ledger`` by a process that is gone (a crashed ftl), or by
     this one (a command an abandoned drain left running), and remove the journals of the
     processes that are gone. Another live process's records are its own running commands
-    (a server working on the same repository): left alone.
+    (a server working on the same repository): left alone. A process in another pid
+    namespace sharing the repository (a container) cannot be seen and counts as gone.
 
     Args:
         wait: let each group run to its end, up to its deadline, before killing (SIGKILL) what

@@ -4,6 +4,7 @@ readers count only whole lines."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 import sys
@@ -110,16 +111,21 @@ def test_reap_ends_the_groups_of_processes_that_are_gone_and_its_own(tmp_path: P
         crashed.write_bytes(f"\n+ {orphan.pid} {processes.start_ticks(orphan.pid)} "
                             f"{time.time() + 60!r} \"left behind\" .".encode())
         (ledger / "999999-6.tmp").write_bytes(b"a compaction cut short")
+        wrong_ticks = ledger / f"{owner.pid}-1.log"  # the pid lives on in another process
+        wrong_ticks.write_bytes(b"\n+ 999999 5 1.0 \"reused pid\" .")
         gone = ledger / "999998-5.log"
         gone.write_bytes(b"\n+ 999999 5 1.0 \"long gone\" .")
         alive = ledger / f"{owner.pid}-{processes.start_ticks(owner.pid)}.log"
         alive.write_bytes(f"\n+ {theirs.pid} {processes.start_ticks(theirs.pid)} "
                           f"{time.time() + 60!r} \"theirs\" .".encode())
+        compacting = alive.with_suffix(".tmp")  # its compaction in progress
+        compacting.write_bytes(b"")
         reaped = reap(ledger, wait=False)
         assert sorted((r["what"], r["finished"]) for r in reaped) == [("left behind", False), ("mine", False)]
         assert orphan.wait(timeout=5) == -9 and mine.wait(timeout=5) == -9
         assert theirs.poll() is None
-        assert sorted(path.name for path in ledger.iterdir()) == sorted([own.journal.path.name, alive.name])
+        assert sorted(path.name for path in ledger.iterdir()) == sorted(
+            [own.journal.path.name, alive.name, compacting.name])
         release(own)
     finally:
         _stop(orphan, mine, theirs, owner)
@@ -178,6 +184,31 @@ def test_a_journal_removed_under_its_writer_is_made_again_with_its_open_records(
         release(entry)
         release(held)
         assert recorded(ledger) == []
+    finally:
+        _stop(first, second)
+
+
+def test_a_journal_made_again_after_a_failed_write_still_holds_every_open_record(
+        tmp_path: Path, monkeypatch) -> None:
+    ledger = tmp_path / "procs"
+    first, second = _sleeper(), _sleeper()
+    try:
+        held = record(ledger, first.pid, "build A", deadline_s=time.time() + 60)
+        held.journal.path.unlink()
+        real, failed = processes._Journal._write, []
+
+        def disk_full_once(self, fd: int, data: bytes) -> None:
+            if not failed and b"build A" in data:
+                failed.append(True)
+                raise OSError(errno.ENOSPC, "No space left on device")
+            real(self, fd, data)
+
+        monkeypatch.setattr(processes._Journal, "_write", disk_full_once)
+        assert record(ledger, second.pid, "build B", deadline_s=time.time() + 60) is None
+        again = record(ledger, second.pid, "build B", deadline_s=time.time() + 60)  # room again
+        assert sorted(h["what"] for h in recorded(ledger)) == ["build A", "build B"]
+        release(again)
+        release(held)
     finally:
         _stop(first, second)
 
