@@ -18,6 +18,12 @@ WORKSPACE_TRANSITIONS: dict[str, tuple[str, ...]] = {
 }
 
 
+# status -> the statuses it may be reached from (`WORKSPACE_TRANSITIONS` read backwards).
+_SOURCES: dict[str, tuple[str, ...]] = {
+    target: tuple(source for source, targets in WORKSPACE_TRANSITIONS.items() if target in targets)
+    for target in {t for targets in WORKSPACE_TRANSITIONS.values() for t in targets}}
+
+
 class WorkspacesMixin:
     """`ftl.store.Store`'s workspace rows. Uses the store's ``_session`` and ``_now`` and
     `CampaignsMixin._campaign_row`."""
@@ -67,15 +73,15 @@ class WorkspacesMixin:
         status, result = ("active", None) if built is None else ("built", _dumps(built, "built"))
         with self._session(write=True) as conn:
             self._require_campaign(conn, campaign_id)
-            if conn.execute("SELECT 1 FROM workspace WHERE campaign_id = ? AND workspace_id = ? AND attempt = ?",
-                            (campaign_id, workspace_id, attempt)).fetchone():
-                raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
-                                                    f"{campaign_id} is already recorded."})
             now = self._now()
-            conn.execute("INSERT INTO workspace (campaign_id, workspace_id, seq, attempt, status, spec, "
-                         "result, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (campaign_id, workspace_id, seq, attempt, status, encoded, result, now,
-                          None if built is None else now))
+            try:  # the primary key refuses a second row: no look-up first (every task records one)
+                conn.execute("INSERT INTO workspace (campaign_id, workspace_id, seq, attempt, status, spec, "
+                             "result, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                             (campaign_id, workspace_id, seq, attempt, status, encoded, result, now,
+                              None if built is None else now))
+            except sqlite3.IntegrityError:
+                raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
+                                                    f"{campaign_id} is already recorded."}) from None
 
     def finish_workspace(self, campaign_id: str, workspace_id: str, attempt: int, status: str,
                          result: dict) -> None:
@@ -93,18 +99,22 @@ class WorkspacesMixin:
         if status not in allowed:
             raise _violation("status", f"must be one of {', '.join(allowed)}, got {status!r}")
         encoded = _dumps(result, "result")
+        sources = _SOURCES[status]
         with self._session(write=True) as conn:
             self._require_campaign(conn, campaign_id)
+            # The transition's check is the update's own condition; the row is read only to
+            # word a refusal (in the same transaction).
+            if conn.execute(f"UPDATE workspace SET status = ?, result = ?, finished_at = ? WHERE campaign_id = ? "
+                            f"AND workspace_id = ? AND attempt = ? AND status IN ({','.join('?' * len(sources))})",
+                            (status, encoded, self._now(), campaign_id, workspace_id, attempt,
+                             *sources)).rowcount:
+                return
             row = conn.execute("SELECT status FROM workspace WHERE campaign_id = ? AND workspace_id = ? "
                                "AND attempt = ?", (campaign_id, workspace_id, attempt)).fetchone()
             if row is None:
                 raise FtlError("not_found", {"what": f"workspace {workspace_id} attempt {attempt} of "
                                                      f"campaign {campaign_id}"})
-            if status not in WORKSPACE_TRANSITIONS.get(row[0], ()):
-                raise FtlError("invalid_state", {"trigger": f"{row[0]}->{status}", "state": row[0]})
-            conn.execute("UPDATE workspace SET status = ?, result = ?, finished_at = ? WHERE campaign_id = ? "
-                         "AND workspace_id = ? AND attempt = ?",
-                         (status, encoded, self._now(), campaign_id, workspace_id, attempt))
+            raise FtlError("invalid_state", {"trigger": f"{row[0]}->{status}", "state": row[0]})
 
     def workspaces(self, campaign_id: str, seq: str | None = None) -> list[dict]:
         """Workspace attempts ``{campaign_id, workspace_id, seq, attempt, status, spec, result,
