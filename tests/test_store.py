@@ -684,6 +684,25 @@ def test_workspace_lifecycle(store: Store, campaign: str):
     assert len(store.workspaces(campaign)) == 4
 
 
+def test_only_a_second_row_of_a_workspace_attempt_is_called_already_recorded(tmp_path: Path) -> None:
+    """The insert's primary key says "already recorded"; another constraint (the campaign's row
+    gone behind the store's back) keeps the store's own wording."""
+    db = tmp_path / "ftl.db"
+    with Store(db) as s:
+        cid = s.create_campaign("o", flow="task")["campaign_id"]
+        s.record_workspace(cid, {"workspace_id": "w1", "seq": 1, "attempt": 1})
+        with pytest.raises(FtlError) as again:
+            s.record_workspace(cid, {"workspace_id": "w1", "seq": 1, "attempt": 1})
+        assert "already recorded" in again.value.message
+        other = sqlite3.connect(db, isolation_level=None)
+        other.execute("DELETE FROM workspace")
+        other.execute("DELETE FROM campaign")
+        other.close()
+        with pytest.raises(FtlError) as gone:
+            s.record_workspace(cid, {"workspace_id": "w2", "seq": 1, "attempt": 1})
+        assert gone.value.error_type == "conflict" and "already recorded" not in gone.value.message
+
+
 def test_a_reused_build_is_recorded_as_built_in_one_step(store: Store, campaign: str):
     ws = {"workspace_id": "004-task-004", "seq": "004", "attempt": 2}
     store.record_workspace(campaign, ws, built={"delivered": "x", "reused_build": True})

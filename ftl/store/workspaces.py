@@ -79,7 +79,9 @@ class WorkspacesMixin:
                              "result, created_at, finished_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                              (campaign_id, workspace_id, seq, attempt, status, encoded, result, now,
                               None if built is None else now))
-            except sqlite3.IntegrityError:
+            except sqlite3.IntegrityError as exc:
+                if exc.sqlite_errorname != "SQLITE_CONSTRAINT_PRIMARYKEY":
+                    raise  # another constraint (a campaign row gone): the session words it
                 raise FtlError("conflict", {"what": f"Workspace {workspace_id} attempt {attempt} of campaign "
                                                     f"{campaign_id} is already recorded."}) from None
 
