@@ -394,16 +394,8 @@ def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
     gone = {path for path in ledger.glob("*.log") if path != mine and not _owner_alive(path)}
     entries = [entry for entry in recorded(ledger) if entry["journal"] in gone or entry["journal"] == mine]
     entries += _legacy_entries(ledger)
-    done = gone  # a process that is gone writes no more: its journal goes once its groups did
     live = [entry for entry in entries if _members(entry["pgid"], entry["start_ticks"])]
-    for entry in entries:
-        if entry["journal"].suffix == ".json" and entry not in live:
-            forget(entry["journal"])
-    if not live:
-        for path in done:
-            forget(path)
-        return []
-    if on_wait is not None and wait:
+    if live and on_wait is not None and wait:
         on_wait([{"pgid": entry["pgid"], "what": entry["what"], "deadline_s": entry["deadline_s"]}
                  for entry in live])
     started = time.monotonic()
@@ -418,9 +410,9 @@ def reap(ledger: Path, *, wait: bool = True, poll_s: float = 0.1,
                 os.kill(pid, signal.SIGKILL)
         reaped.append({"pgid": pgid, "what": entry["what"], "finished": not alive,
                        "killed": alive, "waited_ms": int((time.monotonic() - started) * 1000)})
-        if entry["journal"].suffix == ".json":
-            forget(entry["journal"])
-    for path in done:
+    # Every group they held has ended: the journals of processes that are gone (which write no
+    # more) and an earlier ftl's entries go; this process's own journal stays.
+    for path in gone | {entry["journal"] for entry in entries if entry["journal"].suffix == ".json"}:
         forget(path)
     return reaped
 
