@@ -195,3 +195,35 @@ def test_the_event_models_still_validate_and_describe_events():
     assert fields.attempt == 1
     schema = ev.add_event_fields(ev.EventRecord.model_json_schema())
     assert set(schema["$defs"]) >= {m.__name__ for m in ev.EVENT_FIELDS.values()}
+
+
+_LOADED = """
+import json, sys
+import ftl, ftl.states, ftl.surfaces.cli
+print(json.dumps({"modules": sorted(sys.modules), "ftl": ftl.__file__, "states": ftl.states.__file__,
+                  "path": sys.path}))
+"""
+
+
+def test_the_benchmarks_regular_install_starts_without_the_editable_hook(tmp_path: Path):
+    """bench/run_all.py's reference rows compare with the bare start of a regular install: its
+    interpreter must load no import hook at start, find ftl (``ftl.states`` mapped to
+    ``states/`` as the wheel maps it) and the dependencies, and run the console script."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        import run_all
+    finally:
+        sys.path.pop(0)
+    regular = run_all.regular_install(tmp_path)
+    root = Path(__file__).resolve().parent.parent
+    bare = subprocess.run([regular.python, "-c", "import json, sys; print(json.dumps(sorted(sys.modules)))"],
+                          env=regular.env, capture_output=True, text=True, timeout=60, check=True)
+    assert not [m for m in json.loads(bare.stdout) if "editable" in m or m in ("pathlib", "importlib.util")]
+    loaded = json.loads(subprocess.run([regular.python, "-c", _LOADED], env=regular.env, cwd=tmp_path,
+                                       capture_output=True, text=True, timeout=60, check=True).stdout)
+    assert Path(loaded["ftl"]).resolve() == (root / "ftl" / "__init__.py").resolve()
+    assert Path(loaded["states"]).resolve() == (root / "states" / "__init__.py").resolve()
+    assert str(root) not in loaded["path"]  # found through the layout, not the checkout
+    helped = subprocess.run([regular.ftl, "--help"], env=regular.env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=60)
+    assert helped.returncode == 0 and "campaign" in helped.stdout, helped.stderr[-2000:]
