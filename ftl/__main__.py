@@ -1,3 +1,3 @@
-from ftl.surfaces.cli import main
+from ftl.surfaces.cli import console
 
-main()
+console()

@@ -21,7 +21,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, FtlRefusal, FtlText, Reply, command, run, script_group, wrap
+from _common import Env, FtlRefusal, FtlText, Reply, command, script_entry, script_group, wrap
 
 cli = script_group("benchmark.py", "Benchmarks of ftl's memory (FTL benchmark.py).")
 
@@ -147,4 +147,4 @@ def list_runs(env: Env) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

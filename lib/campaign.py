@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _campaign import cli  # noqa: E402
-from _common import run  # noqa: E402
+from _common import script_entry  # noqa: E402
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

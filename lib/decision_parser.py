@@ -22,7 +22,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import EXIT_HELP, OUTPUT_OPTION, FtlRefusal, Reply, run
+from _common import EXIT_HELP, OUTPUT_OPTION, FtlRefusal, Reply, script_entry
 
 #: FTL's exit code per decision (FTL_OUTPUT=ftl only).
 FTL_EXIT = {"PROCEED": 0, "CLARIFY": 2, "CONFIRM": 3, "UNKNOWN": 1}
@@ -107,4 +107,4 @@ def cli(input_file: Path, validate: bool, output: str | None) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

@@ -19,7 +19,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (EXPLORER_MODES, Env, Reply, command, explorer_progress, read_stdin_json, run,
+from _common import (EXPLORER_MODES, Env, Reply, command, explorer_progress, read_stdin_json, script_entry,
                      script_group, violation)
 from ftl.errors import FtlError
 from ftl.store import format_ts
@@ -426,4 +426,4 @@ def get_delta(env: Env, campaign_id: str | None) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

@@ -22,7 +22,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, FtlRefusal, Reply, command, run, script_group, wrap
+from _common import Env, FtlRefusal, Reply, command, script_entry, script_group, wrap
 
 cli = script_group("framework_registry.py", "Frameworks, their idioms and detection (FTL framework_registry.py).")
 
@@ -94,4 +94,4 @@ def weight(env: Env, name: str) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

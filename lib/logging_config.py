@@ -19,7 +19,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, FtlText, Reply, command, run, script_group
+from _common import Env, FtlText, Reply, command, script_entry, script_group
 
 cli = script_group("logging_config.py", "The operator's log .ftl/ftl.log (FTL logging_config.py).")
 
@@ -75,4 +75,4 @@ def test(env: Env) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

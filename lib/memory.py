@@ -22,7 +22,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, FtlRefusal, Reply, command, run, script_group, violation, wrap
+from _common import Env, FtlRefusal, Reply, command, script_entry, script_group, violation, wrap
 from ftl.memory import scoring
 
 cli = script_group("memory.py", "Failures and patterns remembered across campaigns (FTL memory.py).")
@@ -291,4 +291,4 @@ def get_solutions(env: Env, failure: str) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

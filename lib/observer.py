@@ -22,7 +22,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import Env, Reply, command, parse_workspace_ref, run, script_group, wrap
+from _common import Env, Reply, command, parse_workspace_ref, script_entry, script_group, wrap
 from ftl.errors import FtlError
 
 cli = script_group("observer.py", "Learn from finished workspaces (FTL observer.py).")
@@ -245,4 +245,4 @@ def extract_failure(env: Env, ref: str) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

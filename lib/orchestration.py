@@ -19,7 +19,7 @@ import click
 # The sibling _common module, however the script is started (python lib/x.py, runpy, tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (Env, FtlRefusal, Reply, command, explorer_progress, parse_json_option, run, script_group,
+from _common import (Env, FtlRefusal, Reply, command, explorer_progress, parse_json_option, script_entry, script_group,
                      violation)
 from ftl.errors import FtlError
 
@@ -213,4 +213,4 @@ def emit_state(env: Env, state: str, meta: str | None) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

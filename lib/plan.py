@@ -26,7 +26,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (PLAN_VERSION, Env, FtlRefusal, Reply, command, ftl_plan_task, plan_input,
-                     read_stdin_json, run, script_group, wrap)
+                     read_stdin_json, script_entry, script_group, wrap)
 from ftl.errors import FtlError
 
 cli = script_group("plan.py", "Plan versions of a campaign (FTL plan.py).")
@@ -174,4 +174,4 @@ def list_(env: Env, status: str | None, campaign_id: str | None) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)

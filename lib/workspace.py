@@ -27,7 +27,7 @@ import click
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import (PLAN_VERSION, Env, FtlRefusal, Reply, command, parse_json_option,
-                     parse_workspace_ref, run, script_group, wrap)
+                     parse_workspace_ref, script_entry, script_group, wrap)
 from ftl.surfaces.envelope import Warning
 from ftl.errors import FtlError
 
@@ -389,4 +389,4 @@ def get_injected(env: Env, ref: str) -> Reply:
 
 
 if __name__ == "__main__":
-    run(cli)
+    script_entry(cli)
