@@ -1,3 +1,5 @@
+import sys
+
 from ftl.surfaces.cli import console
 
-console()
+sys.exit(console())
