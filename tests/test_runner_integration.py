@@ -228,6 +228,8 @@ def test_task_flow_builds_and_verifies(tmp_path: Path) -> None:
     assert data["summary"]["message"].startswith("Task flow complete. 1 complete, 0 blocked.")
     states = [e["state"] for e in events_of(repo) if e["event"] == "STATE_ENTRY"]
     assert states == ["INIT", "EXPLORE", "PLAN", "BUILD", "OBSERVE", "COMPLETE"]
+    # The store was closed (checkpointed into ftl.db), not left to the collector at exit.
+    assert not (repo / ".ftl" / "ftl.db-wal").exists()
 
 
 def test_a_task_without_a_run_command_and_no_agent_says_how_to_build_it(tmp_path: Path) -> None:

@@ -221,9 +221,10 @@ def campaign_run(objective: str | None, plan_file: Path | None, revised_plan: Pa
         discard_intent(intent)  # refused before it began: nothing to resume
         raise
     _sigterm_as_interrupt()
-    result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
-                                                  revised_plan_input=revised_input,
-                                                  intent=intent), metrics_file, as_json)
+    with runner:  # closes the store (its checkpoint): nothing at exit may be left to the collector
+        result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input,
+                                                      revised_plan_input=revised_input,
+                                                      intent=intent), metrics_file, as_json)
     return _finish(result, as_json)
 
 
@@ -279,7 +280,8 @@ def campaign_resume(campaign_id: str | None, repo: Path, jobs: int | None, confi
                            executor_kind=executor_kind, ray_address=ray_address)
     runner.wait_for_leftovers = not kill_leftovers
     _sigterm_as_interrupt()
-    result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file, as_json)
+    with runner:
+        result = _run_with(view, lambda: runner.resume(campaign_id), metrics_file, as_json)
     return _finish(result, as_json)
 
 
@@ -444,8 +446,9 @@ def task_command(objective: str, plan_file: Path | None, run_command: str | None
         plan_input = parse_plan(raw, source="ftl task").model_dump(mode="json", by_alias=True, exclude_none=True)
     runner, view = _runner(repo, config_path, as_json, server=server)
     _sigterm_as_interrupt()
-    result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input, flow=Flow.TASK),
-                       metrics_file, as_json)
+    with runner:
+        result = _run_with(view, lambda: runner.start(objective, plan_input=plan_input, flow=Flow.TASK),
+                           metrics_file, as_json)
     return _finish(result, as_json)
 
 
