@@ -104,8 +104,8 @@ def command_baseline_ms(repeat: int = 20) -> float:
     return statistics.median(command_samples_ms(repeat))
 
 
-def git_work_baseline_ms(repeat: int = 20) -> float:
-    """Median cost (ms) of the git work a worktree task needs, done with
+def git_work_samples_ms(repeat: int = 20) -> list[float]:
+    """Costs (ms) of the git work a worktree task needs, ``repeat`` tasks, done with
     `ftl.vcs.worktrees.Worktrees` on a fresh repository (no runner, no tool server): prepare
     the task's worktree (the previous task's, reset), stage, commit, integrate (a fast-forward)
     and release it. The task's two commands run where a task runs them (after prepare, after
@@ -134,7 +134,7 @@ def git_work_baseline_ms(repeat: int = 20) -> float:
             spent += time.perf_counter() - started
             if number >= 3:  # three warm-up rounds
                 samples.append(spent * 1000)
-    return statistics.median(samples)
+    return samples
 
 
 def trimmed_mean(values: list[float], cut: float = 0.2) -> float:
@@ -152,20 +152,22 @@ def trimmed_mean(values: list[float], cut: float = 0.2) -> float:
 def overhead(tasks: int, in_process: bool, isolation: str = "auto", rounds: int = 3) -> dict[str, Any]:
     """Per-task cost (ms) of a chain of trivial tasks; see the module doc. With worktrees
     (``isolation`` auto) the baseline adds the git work a task's isolation needs
-    (`git_work_baseline_ms`), measured in the same run.
+    (`git_work_samples_ms`), measured in the same run.
 
-    ``rounds`` campaigns, each with its own baselines measured around it (commands before and
-    after, then the git work); every figure is the median of the rounds' own values, so a
+    ``rounds`` campaigns, each with its own baselines measured around it (the commands and the
+    git work, half of the samples before the campaign and half after); every figure is the median of the rounds' own values, so a
     change of load between rounds (the host drifts within minutes) moves a round's task time
     and its baselines together instead of skewing one against the other."""
     plan = {"objective": "overhead benchmark",
             "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
     per_round: list[dict[str, float]] = []
+    worktrees = isolation != "shared"
     for _ in range(rounds):
         before = command_samples_ms(10)
+        git_before = git_work_samples_ms(10) if worktrees else []
         events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
         commands = statistics.median(before + command_samples_ms(10))
-        git_work = git_work_baseline_ms(20) if isolation != "shared" else 0.0
+        git_work = statistics.median(git_before + git_work_samples_ms(10)) if worktrees else 0.0
         durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
         task_ms = trimmed_mean(durations)
         span_ms = execute_span_s(events) * 1000 / tasks
