@@ -155,9 +155,10 @@ def overhead(tasks: int, in_process: bool, isolation: str = "auto", rounds: int 
     (`git_work_samples_ms`), measured in the same run.
 
     ``rounds`` campaigns, each with its own baselines measured around it (the commands and the
-    git work, half of the samples before the campaign and half after); every figure is the median of the rounds' own values, so a
-    change of load between rounds (the host drifts within minutes) moves a round's task time
-    and its baselines together instead of skewing one against the other."""
+    git work, half of the samples before the campaign and half after); every figure is the
+    median of the rounds' own values, so a change of load between rounds (the host drifts
+    within minutes) moves a round's task time and its baselines together instead of skewing
+    one against the other."""
     plan = {"objective": "overhead benchmark",
             "tasks": [_task(i, "true", [i - 1] if i > 1 else []) for i in range(1, tasks + 1)]}
     per_round: list[dict[str, float]] = []

@@ -55,12 +55,13 @@ def main() -> None:
 
 def console() -> Any:
     """The ``ftl`` console script and ``python -m ftl``: `main`, returning what it returns (the
-    exit code of ``--help``; a command exits itself), then the exit without the interpreter's last garbage collection: `gc.freeze` moves every object to
-    the permanent generation, which that collection skips (10-15 ms of each command once click
-    and ftl are loaded, issue 11 item 1). Reference counting still frees objects and atexit
-    handlers still run; a reference cycle alive at exit is not finalised, which CPython does not
-    promise anyway (Python reference, ``object.__del__``). Tests invoke `main` in their own
-    process, where objects must stay collectable."""
+    exit code of ``--help``; a command exits itself), then the exit without the interpreter's
+    last garbage collection: `gc.freeze` moves every object to the permanent generation, which
+    that collection skips (10-15 ms of each command once click and ftl are loaded, issue 11
+    item 1). Reference counting still frees objects and atexit handlers still run; a reference
+    cycle alive at exit is not finalised, which CPython does not promise anyway (Python
+    reference, ``object.__del__``). Tests invoke `main` in their own process, where objects
+    must stay collectable."""
     import gc
 
     try:
