@@ -139,6 +139,9 @@ class FailingRunner:
 
     resume = start
 
+    def close(self) -> None:
+        pass
+
 
 # --------------------------------------------------------------------------- listing, success
 
@@ -189,6 +192,9 @@ def test_campaign_lifecycle_through_mcp(tmp_path: Path) -> None:
     assert run["data"]["outcome"] == "complete_with_blocked" and run["data"]["exit_code"] == 3
     assert [w["code"] for w in run["meta"]["warning_details"]] == ["PARTIAL_FAILURE"]
     assert str(tmp_path) not in json.dumps(run)
+    # The run's store was closed when the call ended (checkpointed, no log left behind): the
+    # server lives on, so a connection left to the collector would stay open for a while.
+    assert not (repo / ".ftl" / "ftl.db-wal").exists()
 
     status, ready, cascade, replayed, by_id = session(server, [
         ("campaign_status", {}), ("ready_tasks", {"campaign_id": cid}), ("cascade_analysis", {}),

@@ -243,7 +243,10 @@ def _run_campaign(server: "FtlMcpServer", args: CampaignRunArgs, call: CallConte
             {"path": "/objective", "message": "give an objective or a plan that has one",
              "keyword": "required"}]})
     runner = server.runner_factory(repo, config, on_event=server.listener(call), interrupt=call.cancel)
-    return _run_outcome(runner.start(objective, plan_input=plan_input), cid)
+    try:  # this server outlives the run: its store connection is closed now, not by the collector
+        return _run_outcome(runner.start(objective, plan_input=plan_input), cid)
+    finally:
+        runner.close()
 
 
 def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, call: CallContext) -> Outcome:
@@ -251,7 +254,10 @@ def _resume_campaign(server: "FtlMcpServer", args: CampaignResumeArgs, call: Cal
     repo = server.resolve_repo(args.repo)
     runner = server.runner_factory(repo, server.config_for(repo, jobs=args.jobs),
                                    on_event=server.listener(call), interrupt=call.cancel)
-    return _run_outcome(runner.resume(args.campaign_id), cid)
+    try:
+        return _run_outcome(runner.resume(args.campaign_id), cid)
+    finally:
+        runner.close()
 
 
 def _run_outcome(result: Any, cid: str) -> Outcome:
