@@ -57,7 +57,7 @@ import os  # noqa: E402
 import click  # noqa: E402
 
 from ftl.surfaces import envelope  # noqa: E402
-from ftl.surfaces.clickutil import usage_error  # noqa: E402
+from ftl.surfaces.clickutil import freezing_at_exit, usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
 from ftl.engine.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
 
@@ -290,23 +290,10 @@ def run(group: click.Group, argv: list[str] | None = None) -> NoReturn:
 
 
 def script_entry(group: click.Group) -> NoReturn:
-    """A script's ``__main__``: `run` ``group`` on ``sys.argv``, then exit without the
-    interpreter's last garbage collection.
-
-    At exit CPython collects once more over every object still tracked (module finalisation):
-    10-20 ms of every command once click and ftl are loaded, more after a 10,000-task plan
-    (issue 11 items 1 and 4). `gc.freeze` moves them to the permanent generation, which that
-    collection skips. Objects are still freed by reference counting and atexit handlers still
-    run; only a reference cycle alive at exit is not finalised, which CPython does not promise
-    anyway (Python reference, ``object.__del__``). Tests call `run` in their own process, where
-    objects must stay collectable.
-    """
-    import gc
-
-    try:
-        run(group)
-    finally:
-        gc.freeze()
+    """A script's ``__main__``: `run` ``group`` on ``sys.argv``, with the exit of
+    `ftl.surfaces.clickutil.freezing_at_exit` (tests call `run` in their own process)."""
+    freezing_at_exit(lambda: run(group))
+    raise AssertionError("unreachable: run exits")
 
 
 def _run_ftl(group: click.Group, args: list[str]) -> NoReturn:

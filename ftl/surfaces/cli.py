@@ -18,7 +18,8 @@ from typing import Any, Callable
 import click
 
 from ftl.surfaces import envelope
-from ftl.surfaces.clickutil import EXIT_BAD_INPUT, LazyGroup, emit as _emit, handled, json_option, usage_error
+from ftl.surfaces.clickutil import (EXIT_BAD_INPUT, LazyGroup, emit as _emit, freezing_at_exit, handled,
+                                   json_option, usage_error)
 from ftl.errors import FtlError
 
 def repo_option(func: Callable) -> Callable:
@@ -55,19 +56,8 @@ def main() -> None:
 
 def console() -> Any:
     """The ``ftl`` console script and ``python -m ftl``: `main`, returning what it returns (the
-    exit code of ``--help``; a command exits itself), then the exit without the interpreter's
-    last garbage collection: `gc.freeze` moves every object to the permanent generation, which
-    that collection skips (10-15 ms of each command once click and ftl are loaded, issue 11
-    item 1). Reference counting still frees objects and atexit handlers still run; a reference
-    cycle alive at exit is not finalised, which CPython does not promise anyway (Python
-    reference, ``object.__del__``). Tests invoke `main` in their own process, where objects
-    must stay collectable."""
-    import gc
-
-    try:
-        return main()
-    finally:
-        gc.freeze()
+    exit code of ``--help``; a command exits itself), with the exit of `freezing_at_exit`."""
+    return freezing_at_exit(main)
 
 
 @main.group()
