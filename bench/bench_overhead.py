@@ -10,9 +10,10 @@ and shell builder), each in a fresh git repository under a temporary directory:
   store transitions, events, workspace, two intent evaluations and two invocations). The
   baseline, measured in the same run, is what the two commands cost on their own: two
   ``sh -c true`` started with `subprocess.run`. Overhead = per-task time - baseline, per round
-  (``--rounds`` campaigns, each with its own baselines; the median of the rounds). With the
-  embedded server in the runner's process (the default) and as its subprocess over stdio
-  (``server = "embedded:stdio"``).
+  (``--rounds`` campaigns, each with its own baselines; the median of the rounds). With a git
+  worktree per task, each task's own git work (`git_timed_per_task`) comes off its time too.
+  With the embedded server in the runner's process (the default) and as its subprocess over
+  stdio (``server = "embedded:stdio"``).
 * ``dag``: the 18-task DAG of issue 11 (sleeps of 0.3-3 s, seeded, jobs 3): the EXECUTE span
   (first ``TASK_START`` to last ``TASK_END``) against the lower bound max(critical path,
   total work / jobs); efficiency = bound / span (1.0 at best).
@@ -23,16 +24,20 @@ Usage: python bench/bench_overhead.py [--tasks 30] [--rounds 3] [--transport std
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections import defaultdict
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -42,6 +47,7 @@ from ftl.engine.runner import Runner, connect  # noqa: E402
 from ftl.server.app import EMBEDDED_STDIO  # noqa: E402
 
 DAG_SEED = 11
+_clock = time.perf_counter  # the git timer's clock (a test counts its reads)
 DAG_TASKS = 18
 DAG_JOBS = 3
 
@@ -64,6 +70,48 @@ def _task(seq: int, run: str, depends: list[int], budget: int = 1) -> dict[str, 
 
 def _stamp(event: dict[str, Any]) -> float:
     return datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+
+
+#: The `ftl.vcs.worktrees.Worktrees` methods a task's attempt calls: its isolation's git work.
+GIT_STEPS = ("prepare", "renew", "reuse", "stage", "commit", "integrate", "release", "remove")
+
+
+@contextmanager
+def git_timed_per_task() -> Iterator[dict[str, float]]:
+    """Time the git work of each task where the runner does it: while the block runs, every
+    call of a `GIT_STEPS` method of `ftl.vcs.worktrees.Worktrees` adds its wall time (ms) to
+    its task's entry of the yielded dict, keyed by the workspace id (``{seq}-{slug}``, as in
+    ``TASK_START``). A call made inside another (``renew`` falling back to ``prepare``)
+    counts once. The wrapper costs about 1 us per call."""
+    from ftl.vcs.worktrees import Worktrees
+
+    spent: dict[str, float] = defaultdict(float)
+    depth = threading.local()
+
+    def timed(original: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(original)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
+            outer = not getattr(depth, "value", 0)
+            depth.value = getattr(depth, "value", 0) + 1
+            started = _clock()
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                depth.value -= 1
+                if outer:
+                    first = args[0] if args else None
+                    name = kwargs.get("name") or (first if isinstance(first, str) else first.name)
+                    spent[name] += (_clock() - started) * 1000
+        return wrapper
+
+    originals = {step: getattr(Worktrees, step) for step in GIT_STEPS}
+    for step, original in originals.items():
+        setattr(Worktrees, step, timed(original))
+    try:
+        yield spent
+    finally:
+        for step, original in originals.items():
+            setattr(Worktrees, step, original)
 
 
 def run_campaign(plan: dict[str, Any], *, jobs: int, in_process: bool,
@@ -151,8 +199,12 @@ def trimmed_mean(values: list[float], cut: float = 0.2) -> float:
 
 def overhead(tasks: int, in_process: bool, isolation: str = "auto", rounds: int = 3) -> dict[str, Any]:
     """Per-task cost (ms) of a chain of trivial tasks; see the module doc. With worktrees
-    (``isolation`` auto) the baseline adds the git work a task's isolation needs
-    (`git_work_samples_ms`), measured in the same run.
+    (``isolation`` auto) each task's own git work, timed as it ran (`git_timed_per_task`),
+    comes off that task's time before the mean (``overhead_ms``). For reference, the same git
+    work done alone (`git_work_samples_ms`, ``git_alone_ms``) and the overhead against it
+    (``overhead_git_alone_ms``): on this host that work costs 3 ms at a quiet moment and 7-17
+    ms minutes later (disk contention), so a baseline timed beside the campaign rather than
+    in it moved the 5 ms figure by +-2 ms between rounds.
 
     ``rounds`` campaigns, each with its own baselines measured around it (the commands and the
     git work, half of the samples before the campaign and half after); every figure is the
@@ -166,15 +218,23 @@ def overhead(tasks: int, in_process: bool, isolation: str = "auto", rounds: int 
     for _ in range(rounds):
         before = command_samples_ms(10)
         git_before = git_work_samples_ms(10) if worktrees else []
-        events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
+        with git_timed_per_task() as git_by_task:
+            events = run_campaign(plan, jobs=1, in_process=in_process, isolation=isolation)
         commands = statistics.median(before + command_samples_ms(10))
-        git_work = statistics.median(git_before + git_work_samples_ms(10)) if worktrees else 0.0
-        durations = [e["duration_ms"] for e in events if e["event"] == "TASK_END"]
+        git_alone = statistics.median(git_before + git_work_samples_ms(10)) if worktrees else 0.0
+        names = {e["task_seq"]: e["workspace_id"] for e in events if e["event"] == "TASK_START"}
+        ends = [(e["duration_ms"], git_by_task.get(names[e["task_seq"]], 0.0))
+                for e in events if e["event"] == "TASK_END"]
+        durations = [duration for duration, _ in ends]
         task_ms = trimmed_mean(durations)
+        git_work = trimmed_mean([git for _, git in ends])
+        without_git = trimmed_mean([duration - git for duration, git in ends])
         span_ms = execute_span_s(events) * 1000 / tasks
         per_round.append({"task_ms": task_ms, "task_median_ms": statistics.median(durations),
                           "span_per_task_ms": span_ms, "commands_ms": commands,
-                          "git_work_ms": git_work, "overhead_ms": task_ms - commands - git_work,
+                          "git_work_ms": git_work, "git_alone_ms": git_alone,
+                          "overhead_ms": without_git - commands,
+                          "overhead_git_alone_ms": task_ms - commands - git_alone,
                           "overhead_with_git_ms": task_ms - commands,
                           "span_overhead_ms": span_ms - commands - git_work})
     row: dict[str, Any] = {"transport": "in-process" if in_process else "stdio", "isolation": isolation,
