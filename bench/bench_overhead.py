@@ -47,9 +47,9 @@ from ftl.engine.runner import Runner, connect  # noqa: E402
 from ftl.server.app import EMBEDDED_STDIO  # noqa: E402
 
 DAG_SEED = 11
-_clock = time.perf_counter  # the git timer's clock (a test counts its reads)
 DAG_TASKS = 18
 DAG_JOBS = 3
+_clock = time.perf_counter  # the git timer's clock (a test counts its reads)
 
 
 def git_repo(path: Path) -> Path:
