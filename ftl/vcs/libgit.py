@@ -16,7 +16,9 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
 * a case where libgit2's answer differs from git's (each found by tests/vcs/test_libgit.py
   against the CLI): ``core.ignorecase``; an intent-to-add entry in status; a changed
   ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
-  a symlink turned file in staging; a commit message git would clean; a base tree with
+  a symlink turned file in staging; in staging under an automatic line-end conversion, a
+  changed file whose staged blob holds a carriage return but is not plain CRLF text (git's
+  and libgit2's "safer autocrlf" rules differ); a commit message git would clean; a base tree with
   ``.gitattributes`` for a new worktree;
 * any libgit2 error on the way (nothing is written before the last step succeeds).
 
@@ -289,6 +291,39 @@ def _reencoded(repo: Any, name: str) -> bool:
     return repo.get_attr(name, "working-tree-encoding") not in (None, False)
 
 
+# The bytes git's binary test counts as text (convert.c ``gather_stats``): all but NUL, DEL and
+# the controls below 32 other than BS, HT, LF, FF, CR and ESC.
+_TEXT_BYTES = bytes((8, 9, 10, 12, 13, 27, *range(32, 127), *range(128, 256)))
+
+
+def _auto_eol(repo: Any, name: str) -> bool:
+    """Whether git may convert ``name``'s line ends automatically on the way in: ``text=auto``,
+    or no ``text`` attribute with ``core.autocrlf`` true or input. Only then does the
+    "safer autocrlf" rule of `_cr_rules_differ` apply."""
+    text = repo.get_attr(name, "text")
+    if text is not None:
+        return text == "auto"
+    try:
+        return str(repo.config["core.autocrlf"]).lower() in ("true", "input", "yes", "on", "1")
+    except KeyError:
+        return False
+
+
+def _cr_rules_differ(repo: Any, blob_id: Any) -> bool:
+    """Whether git and libgit2 may disagree on converting a file whose staged blob is
+    ``blob_id``, under an automatic line-end conversion (`_auto_eol`). Both leave the line ends
+    as they are when the staged blob already holds carriage returns, but git only when that
+    blob is text with CRLF (convert.c ``has_crlf_in_index``), libgit2 at any CR (crlf.c
+    ``has_cr_in_index``): a binary blob with a CR, rewritten as CRLF text, is normalised by git
+    and not by libgit2 (found by tests/vcs/test_libgit.py). A staged blob with a CR is left to
+    git unless it is plainly CRLF text: no lone CR and no byte git's binary test counts against
+    text (git tolerates a few; this check none)."""
+    data = repo[blob_id].data
+    if b"\r" not in data:
+        return False
+    return data.count(b"\r") != data.count(b"\r\n") or bool(data.translate(None, _TEXT_BYTES))
+
+
 def _is_attributes(name: str) -> bool:
     """Whether ``name`` (a changed path) is a ``.gitattributes``. Files that did not change
     but read differently under the new attributes are noticed by git when their stat data is
@@ -331,6 +366,9 @@ def _stage_all(repo: Any, base: str) -> list[str] | None:
                 if flags & FileStatus.WT_TYPECHANGE and not found.is_symlink():
                     # A symlink or gitlink turned file: libgit2 skips the CRLF normalisation
                     # git applies (it takes a non-file index entry for one holding CRs).
+                    return None
+                if flags & FileStatus.WT_MODIFIED and _auto_eol(repo, name) \
+                        and _cr_rules_differ(repo, index[name].id):
                     return None
                 index.add(name)
         tree = index.write_tree()
