@@ -14,7 +14,7 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
   git-lfs and the like, whose clean step libgit2 would skip), a sparse checkout, a split index,
   an object format other than SHA-1;
 * a case where libgit2's answer differs from git's (each found by tests/vcs/test_libgit.py
-  against the CLI): ``core.ignorecase``; an intent-to-add entry in status; a changed
+  against the CLI): ``core.ignorecase``; an intent-to-add entry in status and staging; a changed
   ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
   a symlink turned file in staging; in staging under an automatic line-end conversion, a
   changed file whose staged blob holds a carriage return but is not plain CRLF text (git's
@@ -270,11 +270,7 @@ def status(path: Path) -> dict[str, str] | None:
                 return None
             if not name.startswith(prefix) or flags & FileStatus.IGNORED or not flags:
                 continue
-            if (flags & (FileStatus.INDEX_NEW | FileStatus.INDEX_MODIFIED)
-                    and flags & (FileStatus.WT_MODIFIED | FileStatus.WT_DELETED | FileStatus.WT_TYPECHANGE)
-                    and str(repo.index[name].id) == _EMPTY_BLOB):
-                # maybe `git add -N` (of a new path, or after `rm --cached`): git says " A", " D"
-                # or "DA", libgit2 "AM", "AD" or "MM"
+            if _maybe_intent_to_add(repo, name, flags):
                 return None
             if flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED) and _reencoded(repo, name):
                 return None
@@ -283,6 +279,18 @@ def status(path: Path) -> dict[str, str] | None:
         _forget_kept(path)  # open it afresh next time
         return None
     return changes
+
+
+def _maybe_intent_to_add(repo: Any, name: str, flags: int) -> bool:
+    """Whether ``name``'s index entry may be a ``git add -N`` (of a new path, or after
+    ``git rm --cached``): staged against ``HEAD`` as the empty blob, which is what such an entry
+    records. libgit2 does not tell the flag apart: where git says " A", " D" or "DA" it says
+    "AM", "AD" or "MM", or "A " and "M " when the file is empty too, and its ``add -A`` leaves
+    the flag on an empty file's entry, which git's clears (on a changed file its ``add`` and
+    ``remove`` do what git's do). A plain ``git add`` of an empty file looks the same and goes
+    to git too, only slower."""
+    return bool(flags & (FileStatus.INDEX_NEW | FileStatus.INDEX_MODIFIED)) \
+        and str(repo.index[name].id) == _EMPTY_BLOB
 
 
 def _reencoded(repo: Any, name: str) -> bool:
@@ -350,11 +358,14 @@ def stage_all(path: Path, base: str) -> list[str] | None:
 
 
 def _stage_all(repo: Any, base: str) -> list[str] | None:
+    changes = FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_DELETED | FileStatus.WT_TYPECHANGE
     try:
         index = repo.index
         for name, flags in repo.status(untracked_files="all", ignored=False).items():
             if flags & FileStatus.CONFLICTED or _is_attributes(name):
                 return None
+            if not flags & changes and _maybe_intent_to_add(repo, name, flags):
+                return None  # libgit2 would leave the intent-to-add flag that git clears
             if flags & FileStatus.WT_DELETED:
                 index.remove(name)
             elif flags & (FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_TYPECHANGE):
