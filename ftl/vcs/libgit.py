@@ -305,12 +305,21 @@ _TEXT_BYTES = bytes((8, 9, 10, 12, 13, 27, *range(32, 127), *range(128, 256)))
 
 
 def _auto_eol(repo: Any, name: str) -> bool:
-    """Whether git may convert ``name``'s line ends automatically on the way in: ``text=auto``,
-    or no ``text`` attribute with ``core.autocrlf`` true or input. Only then does the
-    "safer autocrlf" rule of `_cr_rules_differ` apply."""
+    """Whether git may convert ``name``'s line ends automatically on the way in, so that the
+    "safer autocrlf" rule of `_cr_rules_differ` applies (convert.c ``convert_attrs``): ``text``
+    set to ``auto``; else, when ``text`` is neither set nor unset (a value other than ``auto``,
+    ``text=true`` included, counts as unspecified), the older ``crlf`` attribute at ``auto``;
+    else, when neither decides, ``core.autocrlf`` true or input. Errs towards True."""
     text = repo.get_attr(name, "text")
-    if text is not None:
-        return text == "auto"
+    if text is True or text is False:  # set or unset: a fixed conversion, or none
+        return False
+    if text == "auto":
+        return True
+    crlf = repo.get_attr(name, "crlf")
+    if crlf is True or crlf is False or crlf == "input":
+        return False
+    if crlf == "auto":
+        return True
     try:
         return str(repo.config["core.autocrlf"]).lower() in ("true", "input", "yes", "on", "1")
     except KeyError:
