@@ -18,8 +18,9 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
   ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
   a symlink turned file in staging; in staging under an automatic line-end conversion, a
   changed file whose staged blob holds a carriage return but is not plain CRLF text (git's
-  and libgit2's "safer autocrlf" rules differ); a commit message git would clean; a base tree with
-  ``.gitattributes`` for a new worktree;
+  and libgit2's "safer autocrlf" rules differ); in status and staging, an ignore rule libgit2
+  reads differently (a negation, ``*/``: `ftl.vcs.ignore_rules`); a commit message git would
+  clean; a base tree with ``.gitattributes`` for a new worktree;
 * any libgit2 error on the way (nothing is written before the last step succeeds).
 
 Nothing here runs hooks or signs, like `ftl.vcs.git`'s ``GIT_OPTIONS``.
@@ -31,6 +32,8 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+
+from ftl.vcs import ignore_rules
 
 __all__ = ["load", "status", "stage_all", "commit", "move_ref", "add_worktree", "reset_worktree",
            "remove_worktree", "is_ancestor", "merge_disjoint"]
@@ -160,15 +163,15 @@ def _identity(path: Path, repo: Any) -> tuple[int, ...]:
     return tuple(number for stat in found for number in (stat.st_dev, stat.st_ino))
 
 
-def _open_kept(path: Path) -> tuple[Any, str] | None:
+def _open_kept(path: Path) -> tuple[Any, str, tuple[str, ...]] | None:
     """`_open` for `status`: ``(repository, prefix of path in its work tree with a trailing
-    "/", or "")``, reusing this thread's repository object for ``path`` while it is the same
+    "/", or "", its ignore files outside the work tree (`ignore_rules.outer_files`))``, reusing this thread's repository object for ``path`` while it is the same
     checkout; None when libgit2 should not be used."""
     kept: dict[str, list[Any]] = _kept.__dict__.setdefault("repos", {})
     key = str(path)
     entry = kept.pop(key, None)
     if entry is not None:
-        repo, identity, prefix, files, stamp = entry
+        repo, identity, prefix, files, stamp, _ = entry
         try:
             if _identity(path, repo) == identity[:-1]:
                 # The configuration's files unchanged: its digest is too (a stat each, where
@@ -176,11 +179,11 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
                 now = _stamp(files) if files else None
                 if now is not None and now == stamp:
                     kept[key] = entry  # the most recently used last
-                    return repo, prefix
+                    return repo, prefix, entry[5]
                 if _configuration(repo) == identity[-1]:
                     entry[4] = now
                     kept[key] = entry
-                    return repo, prefix
+                    return repo, prefix, entry[5]
         except (pygit2.GitError, KeyError, ValueError, OSError):
             pass
     repo = _open(path)
@@ -197,15 +200,16 @@ def _open_kept(path: Path) -> tuple[Any, str] | None:
         prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
         entries = _config_entries(repo)
         identity = _identity(path, repo) + (None if entries is None else hash(tuple(entries)),)
+        excludes = ignore_rules.outer_files(repo)
     except (pygit2.GitError, KeyError, ValueError, OSError):
         return None
     if entries is None or any(name.startswith("include") for name, _ in entries):
         files = ()  # included files are not stamped: every look lists the entries
     prefix = "" if prefix == "." else prefix + "/"
-    kept[key] = [repo, identity, prefix, files, stamp]
+    kept[key] = [repo, identity, prefix, files, stamp, excludes]
     while len(kept) > _KEPT_PER_THREAD:
         kept.pop(next(iter(kept)))
-    return repo, prefix
+    return repo, prefix, excludes
 
 
 def _forget_kept(path: Path) -> None:
@@ -219,17 +223,22 @@ def _kept_repo(path: Path, *, index: bool = False) -> Any:
     times. ``index``: re-read the index first when its file changed on disk (the git CLI, or
     another thread's object, may have written it; libgit2 compares its size, inode and
     nanosecond mtime). A write that fails drops the object (`_forget_kept`)."""
+    opened = _kept_opened(path, index=index)
+    return None if opened is None else opened[0]
+
+
+def _kept_opened(path: Path, *, index: bool = False) -> tuple[Any, str, tuple[str, ...]] | None:
+    """`_kept_repo` with the rest of `_open_kept`'s answer."""
     opened = _open_kept(path)
     if opened is None:
         return None
-    repo = opened[0]
     if index:
         try:
-            repo.index.read(False)
+            opened[0].index.read(False)
         except (pygit2.GitError, OSError, ValueError):
             _forget_kept(path)
             return None
-    return repo
+    return opened
 
 
 def _porcelain(flags: int) -> str:
@@ -259,16 +268,21 @@ def status(path: Path) -> dict[str, str] | None:
     opened = _open_kept(path)
     if opened is None:
         return None
-    repo, prefix = opened
+    repo, prefix, excludes = opened
     try:
         if prefix.startswith("../"):
             return None
-        found = repo.status(untracked_files="all", ignored=False)
+        found = repo.status(untracked_files="all", ignored=True)
+        if ignore_rules.differ(repo, excludes, found):
+            return None
         changes = {}
         for name, flags in found.items():
-            if flags and _is_attributes(name):  # anywhere: a parent folder's rules apply here
+            flags &= ~FileStatus.IGNORED  # an ignored file git rm --cached is still "D "
+            if not flags:
+                continue
+            if _is_attributes(name):  # anywhere: a parent folder's rules apply here
                 return None
-            if not name.startswith(prefix) or flags & FileStatus.IGNORED or not flags:
+            if not name.startswith(prefix):
                 continue
             if _maybe_intent_to_add(repo, name, flags):
                 return None
@@ -357,20 +371,26 @@ def stage_all(path: Path, base: str) -> list[str] | None:
         The changed paths (repository-relative, sorted); None when libgit2 cannot do it like git
         (the module docstring: nothing was written then): run the CLI.
     """
-    repo = _kept_repo(path, index=True)
-    if repo is None:
+    opened = _kept_opened(path, index=True)
+    if opened is None:
         return None
-    changed = _stage_all(repo, base)
+    changed = _stage_all(opened[0], base, opened[2])
     if changed is None:  # its index may hold part of the additions: open it afresh next time
         _forget_kept(path)
     return changed
 
 
-def _stage_all(repo: Any, base: str) -> list[str] | None:
+def _stage_all(repo: Any, base: str, excludes: tuple[str, ...]) -> list[str] | None:
     changes = FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_DELETED | FileStatus.WT_TYPECHANGE
     try:
         index = repo.index
-        for name, flags in repo.status(untracked_files="all", ignored=False).items():
+        found = repo.status(untracked_files="all", ignored=True)
+        if ignore_rules.differ(repo, excludes, found):
+            return None
+        for name, flags in found.items():
+            flags &= ~FileStatus.IGNORED  # (as in `status`)
+            if not flags:
+                continue
             if flags & FileStatus.CONFLICTED or _is_attributes(name):
                 return None
             if not flags & changes and _maybe_intent_to_add(repo, name, flags):
