@@ -26,7 +26,7 @@ import os
 import stat
 from typing import Any
 
-__all__ = ["odd_rules", "outer_files", "differ"]
+__all__ = ["odd_rules", "differ"]
 
 _NAME = ".gitignore"
 _LINK = 0o120000  # a tree entry's mode for a symbolic link
@@ -64,44 +64,6 @@ def odd_rules(data: bytes) -> bool:
     return False
 
 
-def outer_files(repo: Any) -> tuple[str, ...]:
-    """The ignore files of ``repo`` outside its work tree: ``info/exclude`` of its git directory
-    and of the common one (a linked worktree), and ``core.excludesFile`` or, without it, the
-    XDG default as git finds it (``$XDG_CONFIG_HOME/git/ignore``, ``~/.config/git/ignore``)
-    and as libgit2 does (its XDG search path). More files than either reads is only slower.
-
-    Args:
-        repo: a ``pygit2.Repository`` with a work tree.
-    Returns:
-        Absolute paths, some of which may not exist.
-    """
-    import pygit2
-    from pygit2.enums import ConfigLevel
-
-    gitdir = repo.path
-    files = [os.path.join(gitdir, "info", "exclude")]
-    try:
-        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
-            files.append(os.path.join(gitdir, handle.read().strip(), "info", "exclude"))
-    except OSError:
-        pass
-    try:
-        configured = str(repo.config["core.excludesFile"])
-    except (KeyError, pygit2.GitError):
-        configured = ""
-    if configured:
-        files.append(os.path.expanduser(configured))
-    else:
-        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-        files.append(os.path.join(xdg, "git", "ignore"))
-        try:
-            folders = pygit2.settings.search_path[ConfigLevel.XDG] or ""
-        except (AttributeError, ValueError, pygit2.GitError):
-            folders = ""
-        files += [os.path.join(folder, "ignore") for folder in folders.split(os.pathsep) if folder]
-    return tuple(dict.fromkeys(files))
-
-
 def differ(repo: Any, outer: tuple[str, ...], found: dict[str, int]) -> bool:
     """Whether a rule libgit2 may read differently from git applies in ``repo`` (the module
     docstring): about 20 us when nothing changed since the last call (most of it
@@ -109,7 +71,8 @@ def differ(repo: Any, outer: tuple[str, ...], found: dict[str, int]) -> bool:
 
     Args:
         repo: a ``pygit2.Repository`` with a work tree.
-        outer: `outer_files` of ``repo``.
+        outer: the ignore files of ``repo`` outside its work tree (``info/exclude``,
+            ``core.excludesFile`` or its XDG default: `ftl.vcs.libgit`'s ``_outer_files``).
         found: ``repo.status(untracked_files="all", ignored=True)``: the ``.gitignore`` files
             that differ from ``HEAD``, are new, or are ignored are read from the work tree.
     Returns:

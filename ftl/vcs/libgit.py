@@ -15,7 +15,8 @@ None otherwise; the caller then runs the git CLI, which stays the reference beha
   an object format other than SHA-1;
 * a case where libgit2's answer differs from git's (each found by tests/vcs/test_libgit.py
   against the CLI): ``core.ignorecase``; an intent-to-add entry in status and staging; a changed
-  ``.gitattributes`` or a changed file with a ``working-tree-encoding`` in status and staging;
+  ``.gitattributes``, an attribute file outside the work tree changed since the index was
+  written, or a changed file with a ``working-tree-encoding`` in status and staging;
   a symlink turned file in staging; in staging under an automatic line-end conversion, a
   changed file whose staged blob holds a carriage return but is not plain CRLF text (git's
   and libgit2's "safer autocrlf" rules differ); in status and staging, an ignore rule libgit2
@@ -49,6 +50,8 @@ _UNSUPPORTED = ("core.sparsecheckout", "core.splitindex", "extensions.objectform
                 "extensions.worktreeconfig", "core.fsmonitor", "core.ignorecase")
 # The empty blob: what an intent-to-add index entry (`git add -N`) records.
 _EMPTY_BLOB = "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"
+# A repository's ignore files and attribute files outside its work tree (`_outer_files`).
+Outer = tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def load() -> bool:
@@ -146,6 +149,73 @@ def _config_entries(repo: Any) -> list[tuple[str, Any]] | None:
     return entries
 
 
+# Per kind of rule file git reads outside the work tree: (the file in the git directory's
+# info/, the configuration key naming a file, the name of the XDG default).
+_OUTER_RULES = {"exclude": ("exclude", "core.excludesFile", "ignore"),
+                "attributes": ("attributes", "core.attributesFile", "attributes")}
+
+
+def _outer_files(repo: Any, kind: str) -> tuple[str, ...]:
+    """The ignore (``kind`` "exclude") or attribute ("attributes") files of ``repo`` outside its
+    work tree: ``info/<kind>`` of its git directory and of the common one (a linked worktree),
+    and the file ``core.excludesFile`` / ``core.attributesFile`` names or, without it, the XDG
+    default as git finds it (``$XDG_CONFIG_HOME/git/ignore``, else ``~/.config/git/ignore``)
+    and as libgit2 does (its XDG search path). More files than either reads is only slower.
+
+    Returns:
+        Absolute paths, some of which may not exist.
+    Raises:
+        pygit2.GitError: the configuration could not be read.
+    """
+    from pygit2.enums import ConfigLevel
+
+    info, key, xdg_name = _OUTER_RULES[kind]
+    gitdir = repo.path
+    files = [os.path.join(gitdir, "info", info)]
+    try:
+        with open(os.path.join(gitdir, "commondir"), encoding="utf-8") as handle:
+            files.append(os.path.join(gitdir, handle.read().strip(), "info", info))
+    except OSError:
+        pass
+    try:
+        configured = str(repo.config[key])
+    except KeyError:
+        configured = ""
+    if configured:
+        files.append(os.path.expanduser(configured))
+    else:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+        files.append(os.path.join(xdg, "git", xdg_name))
+        try:
+            folders = pygit2.settings.search_path[ConfigLevel.XDG] or ""
+        except (AttributeError, ValueError):
+            folders = ""
+        files += [os.path.join(folder, xdg_name) for folder in folders.split(os.pathsep) if folder]
+    return tuple(dict.fromkeys(files))
+
+
+def _attributes_after_index(repo: Any, files: tuple[str, ...]) -> bool:
+    """Whether one of the attribute ``files`` outside the work tree (`_outer_files`) changed
+    after, or in the same second as, the last write of ``repo``'s index. Files whose stat data
+    is racy (changed in the second the index was written: git is built with 1 s resolution by
+    default) git hashes again under the new attributes and may call modified; libgit2 compares
+    nanoseconds and does not (found by a helper against the CLI). A ``.gitattributes`` in the
+    work tree shows up as changed instead (`_is_attributes`)."""
+    changed = []
+    for name in files:  # usually none exists: then one stat each
+        try:
+            changed.append(os.stat(name).st_mtime_ns)
+        except OSError:
+            continue
+    if not changed:
+        return False
+    try:
+        written = os.stat(os.path.join(repo.path, "index")).st_mtime_ns
+    except OSError:
+        return False
+    return max(changed) >= written - 1_000_000_000
+
+
 # Repositories kept for `status`, per thread (libgit2 objects must not be used by two threads at
 # once): str(path) -> [repository, identity, prefix of ``path`` in its work tree, the
 # configuration's files (none when it includes others), their `_stamp`]. Opening one
@@ -163,9 +233,10 @@ def _identity(path: Path, repo: Any) -> tuple[int, ...]:
     return tuple(number for stat in found for number in (stat.st_dev, stat.st_ino))
 
 
-def _open_kept(path: Path) -> tuple[Any, str, tuple[str, ...]] | None:
+def _open_kept(path: Path) -> tuple[Any, str, Outer] | None:
     """`_open` for `status`: ``(repository, prefix of path in its work tree with a trailing
-    "/", or "", its ignore files outside the work tree (`ignore_rules.outer_files`))``, reusing this thread's repository object for ``path`` while it is the same
+    "/", or "", its ignore and attribute files outside the work tree (`_outer_files`))``,
+    reusing this thread's repository object for ``path`` while it is the same
     checkout; None when libgit2 should not be used."""
     kept: dict[str, list[Any]] = _kept.__dict__.setdefault("repos", {})
     key = str(path)
@@ -200,16 +271,16 @@ def _open_kept(path: Path) -> tuple[Any, str, tuple[str, ...]] | None:
         prefix = Path(os.path.relpath(Path(path).resolve(), Path(repo.workdir).resolve())).as_posix()
         entries = _config_entries(repo)
         identity = _identity(path, repo) + (None if entries is None else hash(tuple(entries)),)
-        excludes = ignore_rules.outer_files(repo)
+        outer = (_outer_files(repo, "exclude"), _outer_files(repo, "attributes"))
     except (pygit2.GitError, KeyError, ValueError, OSError):
         return None
     if entries is None or any(name.startswith("include") for name, _ in entries):
         files = ()  # included files are not stamped: every look lists the entries
     prefix = "" if prefix == "." else prefix + "/"
-    kept[key] = [repo, identity, prefix, files, stamp, excludes]
+    kept[key] = [repo, identity, prefix, files, stamp, outer]
     while len(kept) > _KEPT_PER_THREAD:
         kept.pop(next(iter(kept)))
-    return repo, prefix, excludes
+    return repo, prefix, outer
 
 
 def _forget_kept(path: Path) -> None:
@@ -227,7 +298,7 @@ def _kept_repo(path: Path, *, index: bool = False) -> Any:
     return None if opened is None else opened[0]
 
 
-def _kept_opened(path: Path, *, index: bool = False) -> tuple[Any, str, tuple[str, ...]] | None:
+def _kept_opened(path: Path, *, index: bool = False) -> tuple[Any, str, Outer] | None:
     """`_kept_repo` with the rest of `_open_kept`'s answer."""
     opened = _open_kept(path)
     if opened is None:
@@ -268,12 +339,12 @@ def status(path: Path) -> dict[str, str] | None:
     opened = _open_kept(path)
     if opened is None:
         return None
-    repo, prefix, excludes = opened
+    repo, prefix, outer = opened
     try:
         if prefix.startswith("../"):
             return None
         found = repo.status(untracked_files="all", ignored=True)
-        if ignore_rules.differ(repo, excludes, found):
+        if ignore_rules.differ(repo, outer[0], found) or _attributes_after_index(repo, outer[1]):
             return None
         changes = {}
         for name, flags in found.items():
@@ -380,12 +451,12 @@ def stage_all(path: Path, base: str) -> list[str] | None:
     return changed
 
 
-def _stage_all(repo: Any, base: str, excludes: tuple[str, ...]) -> list[str] | None:
+def _stage_all(repo: Any, base: str, outer: Outer) -> list[str] | None:
     changes = FileStatus.WT_NEW | FileStatus.WT_MODIFIED | FileStatus.WT_DELETED | FileStatus.WT_TYPECHANGE
     try:
         index = repo.index
         found = repo.status(untracked_files="all", ignored=True)
-        if ignore_rules.differ(repo, excludes, found):
+        if ignore_rules.differ(repo, outer[0], found) or _attributes_after_index(repo, outer[1]):
             return None
         for name, flags in found.items():
             flags &= ~FileStatus.IGNORED  # (as in `status`)
