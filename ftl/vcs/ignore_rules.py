@@ -8,7 +8,12 @@ the CLI:
   untracked and the other ignores;
 * a directory rule made only of ``*`` and ``/`` (``*/``, ``/*/``, ``**/``, ``//``): libgit2
   then ignores files at the top, the ``.gitignore`` itself included, that git lists;
-* trailing whitespace other than spaces (a tab), which libgit2 trims and git keeps.
+* trailing whitespace other than spaces (a tab), which libgit2 trims and git keeps;
+* a ``**`` that is not a whole path segment (``bar**/**``, ``y/__pyca**/**``): git splits a
+  rule's literal prefix off before matching, so the ``**`` after it counts as leading, and
+  libgit2 matches files git does not (found by a helper's differential fuzzing);
+* a folder rule (``build/``) and a symbolic link to a folder: git lists the link, libgit2
+  ignores it (the same fuzzing). Any ignored symbolic link makes libgit.py step aside.
 
 A rule holding one of these, or a backslash escape, a control byte or a byte-order mark
 (`odd_rules`), in any source git reads makes libgit.py leave the question to git: every
@@ -30,6 +35,7 @@ __all__ = ["odd_rules", "differ"]
 
 _NAME = ".gitignore"
 _LINK = 0o120000  # a tree entry's mode for a symbolic link
+_IGNORED = 1 << 14  # libgit2's GIT_STATUS_IGNORED (an int test: the enum's & costs 2 us)
 # The bytes a plain rule may hold besides printable ASCII and UTF-8: none of the controls.
 _CONTROLS = bytes((*range(32), 127))
 # Tree id -> whether its committed .gitignore files hold an odd rule. Ids never go stale;
@@ -61,6 +67,8 @@ def odd_rules(data: bytes) -> bool:
         body = line.rstrip(b" ")
         if body.endswith(b"/") and not body.strip(b"*/"):
             return True
+        if b"**" in body and any(b"**" in part and part != b"**" for part in body.split(b"/")):
+            return True
     return False
 
 
@@ -83,10 +91,12 @@ def differ(repo: Any, outer: tuple[str, ...], found: dict[str, int]) -> bool:
     """
     if any(_odd_outer(path) for path in outer):
         return True
-    for name in found:
+    for name, flags in found.items():
         if name == _NAME or name.endswith("/" + _NAME):
             if _odd_file(os.path.join(repo.workdir, name)):
                 return True
+        elif flags & _IGNORED and name[-1:] != "/" and os.path.islink(os.path.join(repo.workdir, name)):
+            return True  # maybe a link to a folder, which libgit2 matches with a folder rule
     import pygit2
 
     try:

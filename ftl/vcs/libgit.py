@@ -218,7 +218,8 @@ def _attributes_after_index(repo: Any, files: tuple[str, ...]) -> bool:
 
 # Repositories kept for `status`, per thread (libgit2 objects must not be used by two threads at
 # once): str(path) -> [repository, identity, prefix of ``path`` in its work tree, the
-# configuration's files (none when it includes others), their `_stamp`]. Opening one
+# configuration's files (none when it includes others), their `_stamp`, its `Outer` files
+# (found again with the object: a changed configuration may name others)]. Opening one
 # costs more than the status question on a small repository (0.15-0.3 ms against 0.05-0.1 ms,
 # twice per task in a shared checkout). Reuse is safe for this read-only question: libgit2
 # re-reads the index and the refs when they change on disk, and the identity (the inodes of

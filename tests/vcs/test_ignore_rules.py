@@ -17,7 +17,8 @@ from ftl.vcs import ignore_rules
 @pytest.mark.parametrize("data", [
     b"!keep\n", b"d/*\n!.gitkeep\n", b"*/\n", b"/*/\n", b"**/\n", b"**/*/\n", b"//\n", b"/\n",
     b"top.txt\t\n", b"a\\ \n", b"\\#not-a-comment\n", b"\xef\xbb\xbf*.log\n", b"x\x0by\n",
-    b"*.log\r\n!keep\r\n", b"*.log\n\n  \n*/  \n",
+    b"*.log\r\n!keep\r\n", b"*.log\n\n  \n*/  \n", b"bar**/**\n", b"y/__pyca**/**\n",
+    b"/x.log***/**/\n", b"**.py\n",
 ])
 def test_odd_rules(data: bytes) -> None:
     assert ignore_rules.odd_rules(data)
@@ -26,7 +27,8 @@ def test_odd_rules(data: bytes) -> None:
 @pytest.mark.parametrize("data", [
     b"", b"\n\n", b"# !comment\n#*/\n", b"*.log\n", b"build/\n/top.txt\n", b"d/*/\ns/*.py\n",
     b"*\n", b"/*\n", b"**\n", b"d/**/\n", b"*.log\r\nbuild/\r\n", b"trailing spaces  \n",
-    "\u00fc.txt\n".encode(), b"[ab].txt\n**/w\n",
+    "\u00fc.txt\n".encode(), b"[ab].txt\n**/w\n", b"**/node_modules\nlogs/**\na/**/b\n",
+    b"__pycache__/\n*.pyc\n/dist\n.venv/\n.DS_Store\n*.egg-info/\n",
 ])
 def test_plain_rules(data: bytes) -> None:
     assert not ignore_rules.odd_rules(data)

@@ -234,7 +234,7 @@ IGNORE_FILES = (".gitignore", "d/.gitignore", "d/e/.gitignore", ".git/info/exclu
 IGNORE_RULES = (b"*.log\n", b"build/\n/top.txt\n", b"d/*.txt\n*.py\n", b"e/\n", b"d/e/\r\n",
                 b"new.txt  \n", b"s/*/\n", b"# !comment\n\n", b"*\n", b"[ab].txt\n**/w\n",
                 b"d/e/*\n!new.txt\n", b"*/\n", b"!*.log\n", b"*\n!*.txt\n", b"a.txt\t\n",
-                b".gitignore\n!x.py\n")
+                b".gitignore\n!x.py\n", b"top**/**\n", b"d/e**\n")
 
 
 def attributes_after_index(root: Path) -> bool:
@@ -248,13 +248,17 @@ def attributes_after_index(root: Path) -> bool:
 
 def ignore_rules_may_differ(root: Path) -> bool:
     """Whether an ignore file anywhere in ``root`` (ignored folders too) or its
-    ``info/exclude`` holds a rule `ftl.vcs.ignore_rules` calls odd: libgit.py may step aside."""
+    ``info/exclude`` holds a rule `ftl.vcs.ignore_rules` calls odd, or an untracked symbolic
+    link is in the work tree (one libgit2 ignores sends libgit.py to git): libgit.py may step
+    aside."""
     found = [root / ".git/info/exclude"]
     for folder, names, files in os.walk(root):
         names[:] = [name for name in names if name != ".git"]
         found += [Path(folder, name) for name in files if name == ".gitignore"]
-    return any(path.is_symlink() or path.is_file() and ignore_rules.odd_rules(path.read_bytes())
-               for path in found)
+    untracked = git(root, "ls-files", "--others", "-z").split("\0")  # ignored ones too
+    return any((root / name).is_symlink() for name in untracked if name) or any(
+        path.is_symlink() or path.is_file() and ignore_rules.odd_rules(path.read_bytes())
+        for path in found)
 
 
 OPS = st.one_of(
@@ -674,6 +678,8 @@ ODD_IGNORES = [
     pytest.param(".gitignore", "**/\n", id="**/"),
     pytest.param(".gitignore", "//\n", id="//"),
     pytest.param(".gitignore", "top.txt\t\n", id="a trailing tab"),
+    pytest.param(".gitignore", "top**/**\n", id="** after a prefix"),
+    pytest.param("link", "build/\n", id="a folder rule and a link to a folder"),
     pytest.param("d/.gitignore", "e/*\n!new.txt\n", id="committed in a folder"),
     pytest.param("d/e/.gitignore", ".gitignore\nf/*\n!g.txt\n", id="itself ignored"),
     pytest.param(".git/info/exclude", "*/\n", id="info/exclude"),
@@ -685,12 +691,12 @@ ODD_IGNORES = [
 @pytest.mark.parametrize(("where", "rules"), ODD_IGNORES)
 def test_ignore_rules_libgit2_reads_differently_are_left_to_git(tmp_path: Path, monkeypatch,
                                                                  where: str, rules: str) -> None:
-    """A negation, a directory rule of only ``*`` and ``/``, a trailing tab: git and libgit2 list
-    different files as ignored, so a task's new file could be left out of its commit (the
-    ``!new.txt`` and ``*/`` cases were found by reading the strategies, which then only ever
-    ignored ``*.log``). Wherever git reads the rule from, both questions go to git; against the
-    code before `ftl.vcs.ignore_rules` existed, libgit2 answered and every case but ``d/``
-    (committed) and the trailing tab failed."""
+    """A negation, a directory rule of only ``*`` and ``/``, a trailing tab, a ``**`` glued to a
+    prefix: git and libgit2 list different files as ignored, so a task's new file could be left
+    out of its commit (the ``!new.txt`` and ``*/`` cases were found by reading the strategies,
+    which then only ever ignored ``*.log``; the glued ``**`` by a helper's fuzzing). Wherever
+    git reads the rule from, both questions go to git; against the code before
+    `ftl.vcs.ignore_rules` existed every case failed (libgit2 answered)."""
     ours, theirs = tmp_path / "lib", tmp_path / "cli"
     base = make_repo(ours)
     if where == "d/.gitignore":  # committed: the rule comes from HEAD's tree, not from status
@@ -711,6 +717,9 @@ def test_ignore_rules_libgit2_reads_differently_are_left_to_git(tmp_path: Path, 
         (xdg / "git").mkdir(parents=True)
         (xdg / "git" / "ignore").write_text(rules)
         monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    elif where == "link":
+        (ours / ".gitignore").write_text(rules)
+        os.symlink("d", ours / "build")
     elif where != "d/.gitignore":
         (ours / where).write_text(rules)
     shutil.copytree(ours, theirs, symlinks=True)
