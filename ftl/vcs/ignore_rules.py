@@ -1,8 +1,8 @@
 """Whether libgit2 reads a repository's ignore rules as git does: the check `ftl.vcs.libgit`
 makes before it answers a status or stages from one.
 
-libgit2 (1.9) and git disagree on some rules, each found by tests/vcs/test_libgit.py against
-the CLI:
+libgit2 (1.9) and git disagree on some rules, each found by differential runs against the
+git CLI and pinned by a case of tests/vcs/test_libgit.py:
 
 * a negation (``!keep``, the ``!.gitkeep`` idiom): in either direction, a file one lists as
   untracked and the other ignores;
@@ -11,9 +11,9 @@ the CLI:
 * trailing whitespace other than spaces (a tab), which libgit2 trims and git keeps;
 * a ``**`` that is not a whole path segment (``bar**/**``, ``y/__pyca**/**``): git splits a
   rule's literal prefix off before matching, so the ``**`` after it counts as leading, and
-  libgit2 matches files git does not (found by a helper's differential fuzzing);
+  libgit2 matches files git does not;
 * a folder rule (``build/``) and a symbolic link to a folder: git lists the link, libgit2
-  ignores it (the same fuzzing). Any ignored symbolic link makes libgit.py step aside.
+  ignores it. Any ignored symbolic link makes libgit.py step aside.
 
 A rule holding one of these, or a backslash escape, a control byte or a byte-order mark
 (`odd_rules`), in any source git reads makes libgit.py leave the question to git: every

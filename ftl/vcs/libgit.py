@@ -216,6 +216,13 @@ def _attributes_after_index(repo: Any, files: tuple[str, ...]) -> bool:
     return max(changed) >= written - 1_000_000_000
 
 
+def _rules_differ(repo: Any, outer: Outer, found: dict[str, int]) -> bool:
+    """Whether ``repo``'s ignore rules (`ignore_rules.differ`) or its attribute files outside
+    the work tree (`_attributes_after_index`) may make libgit2 answer differently from git;
+    ``found``: ``repo.status(untracked_files="all", ignored=True)``."""
+    return ignore_rules.differ(repo, outer[0], found) or _attributes_after_index(repo, outer[1])
+
+
 # Repositories kept for `status`, per thread (libgit2 objects must not be used by two threads at
 # once): str(path) -> [repository, identity, prefix of ``path`` in its work tree, the
 # configuration's files (none when it includes others), their `_stamp`, its `Outer` files
@@ -345,7 +352,7 @@ def status(path: Path) -> dict[str, str] | None:
         if prefix.startswith("../"):
             return None
         found = repo.status(untracked_files="all", ignored=True)
-        if ignore_rules.differ(repo, outer[0], found) or _attributes_after_index(repo, outer[1]):
+        if _rules_differ(repo, outer, found):
             return None
         changes = {}
         for name, flags in found.items():
@@ -457,7 +464,7 @@ def _stage_all(repo: Any, base: str, outer: Outer) -> list[str] | None:
     try:
         index = repo.index
         found = repo.status(untracked_files="all", ignored=True)
-        if ignore_rules.differ(repo, outer[0], found) or _attributes_after_index(repo, outer[1]):
+        if _rules_differ(repo, outer, found):
             return None
         for name, flags in found.items():
             flags &= ~FileStatus.IGNORED  # (as in `status`)

@@ -692,11 +692,12 @@ ODD_IGNORES = [
 def test_ignore_rules_libgit2_reads_differently_are_left_to_git(tmp_path: Path, monkeypatch,
                                                                  where: str, rules: str) -> None:
     """A negation, a directory rule of only ``*`` and ``/``, a trailing tab, a ``**`` glued to a
-    prefix: git and libgit2 list different files as ignored, so a task's new file could be left
-    out of its commit (the ``!new.txt`` and ``*/`` cases were found by reading the strategies,
-    which then only ever ignored ``*.log``; the glued ``**`` by a helper's fuzzing). Wherever
-    git reads the rule from, both questions go to git; against the code before
-    `ftl.vcs.ignore_rules` existed every case failed (libgit2 answered)."""
+    prefix, a folder rule with a link to a folder: git and libgit2 list different files as
+    ignored, so a task's new file could be left out of its commit (the ``!new.txt`` and ``*/``
+    cases were found by reading the strategies, which then only ever ignored ``*.log``; the
+    glued ``**`` and the link by a helper's fuzzing). Wherever git reads the rule from, both
+    questions go to git; against the code before `ftl.vcs.ignore_rules` existed every case
+    failed (libgit2 answered)."""
     ours, theirs = tmp_path / "lib", tmp_path / "cli"
     base = make_repo(ours)
     if where == "d/.gitignore":  # committed: the rule comes from HEAD's tree, not from status
