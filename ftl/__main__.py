@@ -1,5 +1,5 @@
 import sys
 
-from ftl.surfaces.cli import console
+from ftl.surfaces.entry import console
 
 sys.exit(console())

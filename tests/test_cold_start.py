@@ -7,6 +7,7 @@ modules that interpreter loaded. It guards the import set, not the time (time is
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import subprocess
@@ -234,7 +235,7 @@ import atexit, gc, runpy, sys
 report, sys.argv = sys.argv[1], sys.argv[2:]
 atexit.register(lambda: open(report, "w").write(str(gc.get_freeze_count())))  # runs after the command
 if sys.argv[0] == "ftl":
-    from ftl.surfaces.cli import console
+    from ftl.surfaces.entry import console
     sys.exit(console())
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -253,3 +254,53 @@ def test_the_entry_points_exit_without_the_last_collection(repo: Path, tmp_path:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
     assert int(report.read_text()) > 1000  # the modules and objects of the command, not a handful
+
+
+_COLLECTIONS_BEFORE_THE_COMMAND = """
+import gc, sys
+report, sys.argv = sys.argv[1], sys.argv[2:]
+runs, freeze = [], gc.freeze
+gc.callbacks.append(lambda phase, info: runs.append(info["generation"]) if phase == "start" else None)
+def first_freeze():  # the entry point's freeze before the command: report the collections so far
+    if not first_freeze.done:
+        first_freeze.done = True
+        open(report, "w").write(repr((len(runs), gc.isenabled(), gc.get_count()[0])))
+    freeze()
+first_freeze.done = False
+gc.freeze = first_freeze
+if sys.argv[0] == "ftl":
+    runs.clear()  # from here on: what the entry point loads
+    from ftl.surfaces.entry import console
+    sys.exit(console())
+code = compile(open(sys.argv[0]).read(), sys.argv[0], "exec")
+runs.clear()  # from the script's first line on
+exec(code, {"__name__": "__main__", "__file__": sys.argv[0]})
+"""
+
+
+@pytest.mark.parametrize("argv", [("ftl", "--help"), ("lib/campaign.py", "status")])
+def test_the_entry_points_load_their_modules_without_a_collection(repo: Path, tmp_path: Path,
+                                                                    argv: tuple[str, ...]):
+    """The console script and lib/campaign.py import with the cyclic collector paused (it would
+    only re-scan the objects the imports build, none of them garbage), then freeze them and
+    resume it before the command runs."""
+    root = Path(__file__).resolve().parent.parent
+    script = argv[0] if argv[0] == "ftl" else str(root / argv[0])
+    report = tmp_path / "collections"
+    done = subprocess.run([sys.executable, "-c", _COLLECTIONS_BEFORE_THE_COMMAND, str(report), script,
+                           *argv[1:]], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    collections, enabled, young = eval(report.read_text())  # noqa: S307 - our own repr of ints
+    assert collections == 0
+    assert young > 700  # objects were allocated meanwhile: without the pause, collections would have run
+    assert enabled is False  # resumed by the entry point right after this freeze
+    assert gc.isenabled()  # (this process: untouched)
+
+
+def test_importing_lib_campaign_leaves_collection_on():
+    """Imported rather than run (runpy, tests), lib/campaign.py leaves the collector as it found it."""
+    import runpy
+
+    root = Path(__file__).resolve().parent.parent
+    runpy.run_path(str(root / "lib" / "campaign.py"), run_name="lib_campaign_imported")
+    assert gc.isenabled()

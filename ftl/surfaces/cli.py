@@ -55,8 +55,9 @@ def main() -> None:
 
 
 def console() -> Any:
-    """The ``ftl`` console script and ``python -m ftl``: `main`, returning what it returns (the
-    exit code of ``--help``; a command exits itself), with the exit of `freezing_at_exit`."""
+    """The ``ftl`` console script and ``python -m ftl`` (launched by `ftl.surfaces.entry.console`):
+    `main`, returning what it returns (the exit code of ``--help``; a command exits itself), under
+    `freezing_at_exit`."""
     return freezing_at_exit(main)
 
 
