@@ -19,6 +19,7 @@ from pydantic import (BaseModel, ConfigDict, Discriminator, Field, PrivateAttr, 
 from ftl import plan_rules
 # Re-exported: callers import the seq rules and patterns from here, as before.
 from ftl.plan_rules import GLOB_CHARS, SLUG_RE, normalize_depends, normalize_seq  # noqa: F401
+from ftl.explore_rules import CRITICAL_EXPLORER_MODES, EXPLORER_MODES, ExplorerMode, quorum_met  # noqa: F401
 
 
 class TaskType(str, enum.Enum):
@@ -258,30 +259,6 @@ class Plan(BaseModel):
             return index[wanted]
         except KeyError:
             raise KeyError(wanted) from None
-
-
-class ExplorerMode(str, enum.Enum):
-    STRUCTURE = "structure"
-    PATTERN = "pattern"
-    MEMORY = "memory"
-    DELTA = "delta"
-
-
-EXPLORER_MODES: tuple[str, ...] = tuple(mode.value for mode in ExplorerMode)
-CRITICAL_EXPLORER_MODES = frozenset({"structure", "delta"})
-
-
-def quorum_met(usable: set[str] | frozenset[str], quorum: int) -> bool:
-    """The explorer quorum (enforced where FTL only counted result rows, FTL §4.5 / §8.2 item 5).
-
-    Args:
-        usable: distinct modes whose result status is ``ok`` or ``partial``.
-        quorum: modes required (config ``explorer_quorum``, default 3 of 4).
-
-    Returns:
-        True with ``min(quorum, 4)`` usable modes, or with both structure and delta.
-    """
-    return len(usable) >= min(quorum, len(EXPLORER_MODES)) or CRITICAL_EXPLORER_MODES <= set(usable)
 
 
 class ExplorerResult(BaseModel):

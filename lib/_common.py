@@ -60,6 +60,7 @@ from ftl.surfaces import envelope  # noqa: E402
 from ftl.surfaces.clickutil import freezing_at_exit, usage_error  # noqa: E402
 from ftl.errors import FtlError  # noqa: E402
 from ftl.engine.replan import replan_input  # noqa: E402,F401 - re-exported for the scripts
+from ftl.explore_rules import EXPLORER_MODES, quorum_met  # noqa: E402,F401 - EXPLORER_MODES re-exported
 
 __all__ = [
     "EXIT_OK", "EXIT_INTERNAL", "EXIT_REFUSED", "EXIT_INTERRUPTED", "Reply", "Env", "script_group",
@@ -617,8 +618,6 @@ def explorer_progress(results: list[dict], quorum: int) -> dict[str, Any]:
     without a usable result], modes: {mode: "complete" | "error" | "pending"}, rows: n,
     quorum_required: k, quorum_met: bool}``.
     """
-    from ftl.models import EXPLORER_MODES, quorum_met
-
     usable = {r["mode"] for r in results if r.get("status") in ("ok", "partial")}
     seen = {r["mode"] for r in results}
     modes = {mode: "complete" if mode in usable else ("error" if mode in seen else "pending")
@@ -742,13 +741,3 @@ def ftl_plan_task(task) -> dict[str, Any]:
     view["depends"] = ftl_depends(task.depends)
     view.update({k: v for k, v in dumped.items() if k not in view})
     return view
-
-
-def __getattr__(name: str) -> Any:
-    """``EXPLORER_MODES``, re-exported lazily: `ftl.models` loads pydantic, which the light
-    commands (``campaign.py status``, ``ready-tasks``) never need (PEP 562)."""
-    if name == "EXPLORER_MODES":
-        from ftl.models import EXPLORER_MODES
-
-        return EXPLORER_MODES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """EXPLORE: run the explorer modes in parallel under a timeout and a quorum (FTL EXPLORE_PATTERN).
 
-Quorum: `ftl.models.quorum_met` (distinct modes with an ``ok`` or ``partial`` result;
+Quorum: `ftl.explore_rules.quorum_met` (distinct modes with an ``ok`` or ``partial`` result;
 ``explorer_quorum`` of them, default 3 of 4, or both structure and delta). Outcomes: quorum met
 -> PLAN (with ``PARTIAL_FAILURE`` naming missing modes); quorum not met but explorers timed
 out with some results -> ``timeout`` (ERROR routes to PLAN with the partial data); otherwise ->
@@ -28,7 +28,8 @@ from pydantic import ValidationError
 
 from ftl import events as ev
 from ftl.errors import FtlError
-from ftl.models import EXPLORER_MODES, ExplorerResult, quorum_met
+from ftl.explore_rules import EXPLORER_MODES, quorum_met
+from ftl.models import ExplorerResult
 from ftl.engine.runner import Next, Run
 from ftl.engine.tools import fact
 

@@ -304,3 +304,18 @@ def test_importing_lib_campaign_leaves_collection_on():
     root = Path(__file__).resolve().parent.parent
     runpy.run_path(str(root / "lib" / "campaign.py"), run_name="lib_campaign_imported")
     assert gc.isenabled()
+
+
+@pytest.mark.parametrize("argv", [("exploration.py", "--help"), ("exploration.py", "read"),
+                                  ("exploration.py", "get-structure"), ("exploration.py", "aggregate-session")])
+def test_exploration_commands_that_need_no_model_load_no_heavy_module(repo: Path, argv: tuple[str, ...]):
+    """exploration.py names the four explorer modes at import; they and the quorum rule live in
+    `ftl.explore_rules`, so its reads and aggregation start without pydantic (it loaded
+    `ftl.models` at import before: 310 ms a call, 3x its neighbours). write-result still
+    validates with the model, and commands that read ftl.toml load the config's."""
+    script = Path(__file__).resolve().parent.parent / "lib" / argv[0]
+    session = ["--session", Store.for_repo(repo).active_campaign()["campaign_id"]] if argv[1] == "aggregate-session" else []
+    _, data = run_script(script, *argv[1:], *session, cwd=repo)
+    assert data["code"] == 0
+    assert "ftl.explore_rules" in data["modules"]
+    assert _heavy(set(data["modules"])) == []

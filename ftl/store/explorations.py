@@ -16,7 +16,7 @@ class ExplorationsMixin:
         resolved by aggregation. Raises: FtlError(schema_invalid) for an unknown mode or non-JSON
         result; FtlError(not_found)."""
         try:
-            from ftl.models import ExplorerMode
+            from ftl.explore_rules import ExplorerMode
             mode = ExplorerMode(mode).value
         except ValueError:
             raise _violation("mode", f"must be one of {', '.join(m.value for m in ExplorerMode)}, "

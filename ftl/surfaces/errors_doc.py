@@ -44,7 +44,7 @@ PRODUCED_BY: dict[str, Producer] = {
         "with partial results", _PRODUCERS + "test_build_past_its_timeout_is_timeout_then_budget_exhausted"),
     "quorum_failure": Producer(
         "EXPLORE: fewer usable explorer results than `explorer_quorum` and not both structure "
-        "and delta (`ftl.models.quorum_met`)", _PRODUCERS + "test_no_explorer_left_is_quorum_failure"),
+        "and delta (`ftl.explore_rules.quorum_met`)", _PRODUCERS + "test_no_explorer_left_is_quorum_failure"),
     "aggregation_failed": Producer(
         "EXPLORE: an explorer result breaks its schema or the merge (`states/explore.py` "
         "`check_result`), still after one `retry_aggregation`",
