@@ -10,7 +10,7 @@ The scripts run in process (click's CliRunner, ``standalone_mode=False``: a comm
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -35,10 +35,8 @@ import _common  # noqa: E402
 
 
 def _script(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(f"_lib_fixes_{name}", LIB / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The commands module of ``lib/NAME.py`` (``lib/_NAME.py``: the script only launches it)."""
+    return importlib.import_module(f"_{name}")
 
 
 WORKSPACE, PLAN, ORCHESTRATION, EXPLORATION, DECISION = (

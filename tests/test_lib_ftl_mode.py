@@ -53,17 +53,16 @@ def test_a_json_error_ftl_printed_is_printed_with_its_exit_code(tmp_path: Path) 
     assert missing.returncode == 1 and json.loads(missing.stdout) == {"error": "File not found: nothing.md"}
 
 
-def _observer():
-    sys.path.insert(0, str(LIB))
-    import importlib.util
+def _lib_module(name: str):
+    """The commands module of ``lib/NAME.py`` (``lib/_NAME.py``: the script only launches it)."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location("_observer_cli", LIB / "observer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    if str(LIB) not in sys.path:
+        sys.path.insert(0, str(LIB))
+    return importlib.import_module(f"_{name}")
 
 
-OBSERVER = _observer()
+OBSERVER = _lib_module("observer")
 
 
 @settings(max_examples=120, deadline=None)
@@ -77,15 +76,6 @@ def test_generalised_trigger_matches_other_numbers_and_quoted_names() -> None:
     pattern = OBSERVER.generalize_to_regex("ImportError: cannot import 'tokenize' (line 12)")
     assert re.fullmatch(pattern, "ImportError: cannot import 'lex'  (line 7)")
     assert not re.fullmatch(pattern, "ValueError: cannot import 'lex' (line 7)")
-
-
-def _lib_module(name: str):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"_ftl_mode_{name}", LIB / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 EXPLORATION = _lib_module("exploration")
