@@ -1,9 +1,9 @@
 """The explorer modes and the EXPLORE quorum rule, without pydantic.
 
 One definition serves the engine (`states/explore.py`), the models (`ftl.models.ExplorerResult`
-takes its ``mode`` from `ExplorerMode`) and FTL's scripts (``lib/exploration.py``,
-``lib/orchestration.py``), whose commands poll explorer progress and must not load pydantic to
-name four modes (issue 11 item 1: ``exploration.py --help`` took 310 ms, 3x its neighbours).
+takes its ``mode`` from `ExplorerMode`) and FTL's scripts (``lib/_common.py``'s explorer progress,
+``lib/_exploration.py``), which must not load pydantic to name four modes (issue 11 item 1:
+``exploration.py --help`` took 310 ms, 3x its neighbours).
 This module imports nothing of ftl's.
 
 Rule source: FTL's EXPLORE pattern (``shared/reference/ftl-behaviour.md`` §4.5), enforced

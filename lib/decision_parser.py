@@ -1,4 +1,5 @@
 """FTL-compatible ``decision_parser.py``: read a planner's answer (PROCEED, CLARIFY, CONFIRM or
+UNKNOWN), its plan and its questions.
 
 The commands live in ``lib/_decision_parser.py``; how a lib script starts: ``lib/_launch.py``.
 """

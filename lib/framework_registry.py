@@ -1,4 +1,5 @@
 """FTL-compatible ``framework_registry.py``: the frameworks ftl recognises, their idioms, and
+detection in a directory.
 
 The commands live in ``lib/_framework_registry.py``; how a lib script starts: ``lib/_launch.py``.
 """

@@ -285,8 +285,8 @@ exec(code, {"__name__": "__main__", "__file__": sys.argv[0]})
 def test_the_entry_points_load_their_modules_without_a_collection(repo: Path, tmp_path: Path,
                                                                     argv: tuple[str, ...]):
     """The console script and the lib scripts (`lib/_launch.py`) import with the cyclic
-    collector paused (it would only re-scan the objects the imports build, none of them
-    garbage), then freeze them and resume it before the command runs."""
+    collector paused (it would only re-scan the objects the imports build, which live as long as
+    the process), then freeze them and resume it before the command runs."""
     root = Path(__file__).resolve().parent.parent
     script = argv[0] if argv[0] == "ftl" else str(root / argv[0])
     report = tmp_path / "collections"
@@ -300,14 +300,20 @@ def test_the_entry_points_load_their_modules_without_a_collection(repo: Path, tm
     assert gc.isenabled()  # (this process: untouched)
 
 
-def test_importing_a_lib_script_leaves_collection_on():
+@pytest.mark.parametrize("enabled", [True, False])
+def test_importing_a_lib_script_leaves_collection_as_it_was(enabled: bool):
     """Imported rather than run (runpy, tests), a lib script gives its click group and leaves the
-    collector on."""
+    collector as it found it."""
     import runpy
 
     root = Path(__file__).resolve().parent.parent
-    loaded = runpy.run_path(str(root / "lib" / "campaign.py"), run_name="lib_campaign_imported")
-    assert gc.isenabled()
+    if not enabled:
+        gc.disable()
+    try:
+        loaded = runpy.run_path(str(root / "lib" / "campaign.py"), run_name="lib_campaign_imported")
+        assert gc.isenabled() is enabled
+    finally:
+        gc.enable()
     assert "ready-tasks" in loaded["cli"].commands
 
 
