@@ -37,9 +37,9 @@ def freezing_at_exit(entry: Callable[[], Any]) -> Any:
 
     Before: the modules the process loaded (click, ftl, tens of thousands of objects that live as
     long as the process; a few hundred dropped in reference cycles while collection was paused
-    stay allocated) are frozen and collection resumes, also where the entry's launcher paused it while
-    importing (`ftl.surfaces.entry`, the lib scripts: 5-7 ms of each start, issue 11 item 1).
-    After: whatever is alive is frozen again, so that the interpreter's last collection at exit
+    stay allocated) are frozen and collection resumes, also where the entry's launcher paused
+    it while importing (`ftl.surfaces.entry`, the lib scripts: about 5 ms of each start, issue
+    11 item 1). After: whatever is alive is frozen again, so that the interpreter's last collection at exit
     skips it (10-20 ms of each command once click and ftl are loaded, more after a 10,000-task
     plan, issue 11 items 1 and 4). Reference counting still frees objects and atexit handlers
     still run; only a reference cycle alive at exit is not finalised, which CPython does not
