@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ftl.errors import FtlError
+from ftl.explore_rules import DEFAULT_EXPLORER_QUORUM, DEFAULT_EXPLORER_TIMEOUT_S
 
 
 class ClaudeSettings(BaseModel):
@@ -70,8 +71,8 @@ class Config(BaseModel):
     max_replans: int = Field(2, ge=0, description="Adaptive re-plans per campaign.")
     replan_threshold: int = Field(2, ge=1, description="Unreachable tasks that trigger a re-plan.")
     max_replan_new_tasks: int = Field(20, ge=0, description="New tasks one re-plan may add.")
-    explorer_timeout_s: float = Field(300.0, gt=0)
-    explorer_quorum: int = Field(3, ge=1, le=4)
+    explorer_timeout_s: float = Field(DEFAULT_EXPLORER_TIMEOUT_S, gt=0)
+    explorer_quorum: int = Field(DEFAULT_EXPLORER_QUORUM, ge=1, le=4)
     jobs: int = Field(default_factory=lambda: os.cpu_count() or 1, ge=1)
     seconds_per_budget: float = Field(60.0, gt=0, description="Task timeout = budget x this, s.")
     verify_timeout_s: float = Field(300.0, gt=0)

@@ -28,6 +28,10 @@ class ExplorerMode(str, enum.Enum):
 EXPLORER_MODES: tuple[str, ...] = tuple(mode.value for mode in ExplorerMode)
 #: Modes that meet the quorum together, whatever the configured count.
 CRITICAL_EXPLORER_MODES = frozenset({"structure", "delta"})
+#: The defaults of `ftl.config.Config`'s ``explorer_quorum`` and ``explorer_timeout_s`` (s): a
+#: repository without ftl.toml has them, and FTL's scripts read them here without the model.
+DEFAULT_EXPLORER_QUORUM = 3
+DEFAULT_EXPLORER_TIMEOUT_S = 300.0
 
 
 def quorum_met(usable: set[str] | frozenset[str], quorum: int) -> bool:

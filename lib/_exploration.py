@@ -120,7 +120,7 @@ def session_status(env: Env, session: str) -> Reply:
     """
     campaign = _session_campaign(env, session)
     progress = explorer_progress(env.store.explorer_results(campaign["campaign_id"]),
-                                 env.config.explorer_quorum)
+                                 env.explorer_settings()[0])
     progress.pop("modes")
     return Reply({"session_id": session, **progress, "total": len(progress["completed"])},
                  ftl={"completed": _by_first_row(progress["completed"],

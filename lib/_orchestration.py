@@ -58,7 +58,7 @@ def check_explorers(env: Env, session: str) -> Reply:
     quorum_required, modes: {structure, pattern, memory, delta}, missing: [modes], rows}.
     """
     cid = _session_campaign_id(env, session)
-    progress = explorer_progress(env.store.explorer_results(cid), env.config.explorer_quorum)
+    progress = explorer_progress(env.store.explorer_results(cid), env.explorer_settings()[0])
     return Reply({"session_id": session, "total": len(progress["modes"]),
                   "completed": len(progress["completed"]), "quorum_met": progress["quorum_met"],
                   "quorum_required": progress["quorum_required"], "modes": progress["modes"],
@@ -88,8 +88,9 @@ def wait_explorers(env: Env, session: str, required: int | None, timeout_s: floa
     import time
 
     cid = _session_campaign_id(env, session)
-    required = env.config.explorer_quorum if required is None else required
-    timeout_s = env.config.explorer_timeout_s if timeout_s is None else timeout_s
+    quorum, default_timeout_s = env.explorer_settings()
+    required = quorum if required is None else required
+    timeout_s = default_timeout_s if timeout_s is None else timeout_s
     started = time.monotonic()
     while True:
         elapsed = time.monotonic() - started

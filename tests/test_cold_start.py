@@ -323,15 +323,48 @@ def test_importing_a_lib_script_leaves_collection_as_it_was(enabled: bool):
 
 
 @pytest.mark.parametrize("argv", [("exploration.py", "--help"), ("exploration.py", "read"),
-                                  ("exploration.py", "get-structure"), ("exploration.py", "aggregate-session")])
+                                  ("exploration.py", "get-structure"), ("exploration.py", "aggregate-session"),
+                                  ("exploration.py", "session-status"), ("orchestration.py", "check-explorers")])
 def test_exploration_commands_that_need_no_model_load_no_heavy_module(repo: Path, argv: tuple[str, ...]):
     """exploration.py names the four explorer modes at import; they and the quorum rule live in
     `ftl.explore_rules`, so its reads and aggregation start without pydantic (it loaded
     `ftl.models` at import before: 310 ms a call, 3x its neighbours). write-result still
-    validates with the model, and commands that read ftl.toml load the config's."""
+    validates with the model. The explorer progress polls read the quorum without the config's
+    model when the repository has no ftl.toml (`Env.explorer_settings`)."""
     script = Path(__file__).resolve().parent.parent / "lib" / argv[0]
-    session = ["--session", Store.for_repo(repo).active_campaign()["campaign_id"]] if argv[1] == "aggregate-session" else []
+    polls = ("aggregate-session", "session-status", "check-explorers")
+    session = ["--session", Store.for_repo(repo).active_campaign()["campaign_id"]] if argv[1] in polls else []
     _, data = run_script(script, *argv[1:], *session, cwd=repo)
     assert data["code"] == 0
     assert "ftl.explore_rules" in data["modules"]
     assert _heavy(set(data["modules"])) == []
+
+
+@pytest.mark.parametrize("toml, quorum", [(None, 3), ("explorer_quorum = 2\n", 2), ("[ftl]\nexplorer_quorum = 4\n", 4)])
+def test_explorer_polls_take_the_quorum_of_ftl_toml_or_its_default(tmp_path: Path, toml: str | None, quorum: int):
+    """With ftl.toml the polls read the quorum through the config's model; without it, the
+    model's default (single-sourced in `ftl.explore_rules`)."""
+    from ftl.config import Config
+
+    assert Config().explorer_quorum == 3 and Config().explorer_timeout_s == 300.0
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("quorum")["campaign_id"]
+    if toml is not None:
+        (tmp_path / "ftl.toml").write_text(toml)
+    script = Path(__file__).resolve().parent.parent / "lib" / "orchestration.py"
+    done, data = run_script(script, "check-explorers", "--session", cid, cwd=tmp_path)
+    assert data["code"] == 0, done.stdout
+    assert json.loads(done.stdout)["data"]["quorum_required"] == quorum
+    assert ("pydantic" in data["modules"]) is (toml is not None)
+
+
+def test_an_invalid_ftl_toml_still_fails_an_explorer_poll(tmp_path: Path):
+    with Store.for_repo(tmp_path) as store:
+        cid = store.create_campaign("quorum")["campaign_id"]
+    (tmp_path / "ftl.toml").write_text("explorer_quorum = 9\n")
+    script = Path(__file__).resolve().parent.parent / "lib" / "orchestration.py"
+    done, data = run_script(script, "check-explorers", "--session", cid, cwd=tmp_path)
+    assert data["code"] == 2
+    failure = json.loads(done.stdout)
+    assert failure["data"]["ftl_error_type"] == "configuration_error"
+    assert failure["data"]["details"]["violations"][0]["path"] == "explorer_quorum"
