@@ -383,7 +383,8 @@ def big_plans(report: Report, tasks: int = 10_000, rounds: int = 9) -> None:
         value, rss = results["ftl"][command]
         if "FTL" in results:
             ftl_value = results["FTL"][command][0]
-            ratios = [theirs / ours for (ours, _), (theirs, _) in zip(samples["ftl"][command], samples["FTL"][command])]
+            ratios = [theirs / ours for (ours, _), (theirs, _) in
+                      zip(samples["ftl"][command], samples["FTL"][command])]
             speedup = statistics.median(ratios)
             report.add(f"big plan {tasks}: {command} time", ms(value), f"FTL {ms(ftl_value)}", speedup,
                        ">= 3.0x faster", speedup >= 3.0, round_ratios=[round(r, 2) for r in ratios])
